@@ -1,0 +1,89 @@
+"""System checks (``manage.py check``) for django-fq's settings and database.
+
+=================  ===================================================================
+id                 meaning
+=================  ===================================================================
+django_fq.E001     ``FQ_MAX_PAYLOAD_BYTES`` is not an int within 1 byte – 32 MiB
+django_fq.E002     ``FQ_DATABASE`` names no alias of ``DATABASES``
+django_fq.E003     an ``FQ_MAX_*`` / retention setting is not a positive int
+django_fq.E004     SQLite file database not in WAL mode (several worker processes
+                   would block each other and readers); checked with ``--database``
+django_fq.W001     SQLite ``transaction_mode`` is not ``IMMEDIATE``: the caller's own
+                   transactions that enqueue may fail with "database is locked"
+django_fq.W002     SQLite without an explicit busy timeout (``OPTIONS["timeout"]``)
+=================  ===================================================================
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.checks import Error, Tags, Warning, register
+
+from . import conf
+
+
+@register()
+def check_settings(app_configs=None, **kwargs):
+    """Validate the ``FQ_*`` settings."""
+    errors = []
+    size = conf.get("FQ_MAX_PAYLOAD_BYTES")
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= conf.HARD_PAYLOAD_CAP_BYTES:
+        errors.append(
+            Error(
+                f"FQ_MAX_PAYLOAD_BYTES must be an integer from 1 to {conf.HARD_PAYLOAD_CAP_BYTES} (32 MiB).",
+                id="django_fq.E001",
+            )
+        )
+    if conf.database() not in settings.DATABASES:
+        errors.append(Error(f"FQ_DATABASE={conf.database()!r} is not in DATABASES.", id="django_fq.E002"))
+    for name in ("FQ_MAX_JOBS_PER_QUEUE", "FQ_MAX_TOKENS_PER_QUEUE", "FQ_FINISHED_RETENTION_MS"):
+        value = conf.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            errors.append(Error(f"{name} must be a positive integer.", id="django_fq.E003"))
+    db = settings.DATABASES.get(conf.database(), {})
+    if db.get("ENGINE", "").endswith("sqlite3"):
+        options = db.get("OPTIONS", {})
+        if str(options.get("transaction_mode", "")).upper() != "IMMEDIATE":
+            errors.append(
+                Warning(
+                    "SQLite transaction_mode is not IMMEDIATE.",
+                    hint="Set DATABASES[...]['OPTIONS']['transaction_mode'] = 'IMMEDIATE' so transactions "
+                    "that enqueue take the write lock up front instead of failing with 'database is locked'.",
+                    id="django_fq.W001",
+                )
+            )
+        if "timeout" not in options and "busy_timeout" not in str(options.get("init_command", "")):
+            errors.append(
+                Warning(
+                    "SQLite has no explicit busy timeout.",
+                    hint="Set DATABASES[...]['OPTIONS']['timeout'] (seconds), e.g. 20.",
+                    id="django_fq.W002",
+                )
+            )
+    return errors
+
+
+@register(Tags.database)
+def check_sqlite_wal(app_configs=None, databases=None, **kwargs):
+    """A file SQLite database must be in WAL mode when worker processes share it."""
+    from django.db import connections
+
+    alias = conf.database()
+    if not databases or alias not in databases:
+        return []
+    conn = connections[alias]
+    if conn.vendor != "sqlite" or conn.is_in_memory_db():
+        return []
+    with conn.cursor() as cur:
+        cur.execute("PRAGMA journal_mode")
+        mode = cur.fetchone()[0]
+    if str(mode).lower() != "wal":
+        return [
+            Error(
+                f"SQLite database {alias!r} uses journal_mode={mode}, not WAL.",
+                hint="Add 'init_command': 'PRAGMA journal_mode=WAL;' to its OPTIONS: without WAL, "
+                "several worker processes block each other and every reader.",
+                id="django_fq.E004",
+            )
+        ]
+    return []

@@ -1,0 +1,58 @@
+"""Settings of django-fq, read live from ``django.conf.settings``.
+
+Every setting is optional. Values are read on each access (so tests can use
+``override_settings``) and validated by the system checks in
+:mod:`django_fq.checks`, never at import time.
+
+=============================  ==================  ==========================================
+setting                        default             meaning
+=============================  ==================  ==========================================
+``FQ_DATABASE``                ``"default"``       database alias that holds the queue tables
+``FQ_MAX_PAYLOAD_BYTES``       1 MiB (1048576)     largest payload / result, in bytes of
+                                                   compact UTF-8 JSON; at most 32 MiB
+``FQ_MAX_JOBS_PER_QUEUE``      1,000,000           scheduled + ready + running jobs per queue
+``FQ_MAX_TOKENS_PER_QUEUE``    1,000,000           live idempotency tokens per queue
+``FQ_FINISHED_RETENTION_MS``   7 days              succeeded/cancelled jobs are pruned after this
+``FQ_TEST_CLOCK_OFFSET_MS``    0                   tests only: shifts the database clock
+                                                   *inside the SQL expression*
+=============================  ==================  ==========================================
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+MIB = 1024 * 1024
+#: Hard cap on any payload or result, SPEC §3 (32 MiB).
+HARD_PAYLOAD_CAP_BYTES = 32 * MIB
+#: Cap on the summed payload sizes returned by one claim, SPEC §5 (32 MiB).
+CLAIM_PAYLOAD_CAP_BYTES = 32 * MIB
+
+DEFAULTS = {
+    "FQ_DATABASE": "default",
+    "FQ_MAX_PAYLOAD_BYTES": 1 * MIB,
+    "FQ_MAX_JOBS_PER_QUEUE": 1_000_000,
+    "FQ_MAX_TOKENS_PER_QUEUE": 1_000_000,
+    "FQ_FINISHED_RETENTION_MS": 7 * 24 * 3600 * 1000,
+    "FQ_TEST_CLOCK_OFFSET_MS": 0,
+}
+
+
+def get(name: str):
+    """Return the current value of setting ``name`` (an ``FQ_*`` key of :data:`DEFAULTS`)."""
+    return getattr(settings, name, DEFAULTS[name])
+
+
+def database() -> str:
+    """The database alias holding django-fq's tables (``FQ_DATABASE``)."""
+    return get("FQ_DATABASE")
+
+
+def max_payload_bytes() -> int:
+    """Largest accepted payload/result in bytes, never above the 32 MiB hard cap."""
+    return min(int(get("FQ_MAX_PAYLOAD_BYTES")), HARD_PAYLOAD_CAP_BYTES)
+
+
+def clock_offset_ms() -> int:
+    """Test-only shift of the database clock in milliseconds (``FQ_TEST_CLOCK_OFFSET_MS``)."""
+    return int(get("FQ_TEST_CLOCK_OFFSET_MS"))

@@ -1,0 +1,118 @@
+"""Backend-specific pieces: the database clock, write transactions, wakeups.
+
+Only this module knows how PostgreSQL and SQLite differ. The services ask it
+for the clock expression, for a write transaction that is safe on the backend,
+and for a wakeup notification after an enqueue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+
+from django.db import DatabaseError, OperationalError, connections, transaction
+from django.db.models import BigIntegerField, Func
+
+from . import conf
+
+#: PostgreSQL channel notified (on commit) after every enqueue that created jobs.
+NOTIFY_CHANNEL = "django_fq"
+
+_PG_NOW = "FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint"
+# strftime('%f') is "SS.SSS": seconds since the epoch * 1000 + the millisecond digits.
+_SQLITE_NOW = "(CAST(strftime('%s','now') AS INTEGER) * 1000 + CAST(substr(strftime('%f','now'), 4, 3) AS INTEGER))"
+
+
+def connection():
+    """The connection django-fq uses (alias ``FQ_DATABASE``)."""
+    return connections[conf.database()]
+
+
+def is_postgres(conn=None) -> bool:
+    """True when ``conn`` (default: django-fq's connection) is PostgreSQL."""
+    return (conn or connection()).vendor == "postgresql"
+
+
+def now_sql(conn=None) -> str:
+    """SQL for the database's current time in epoch milliseconds.
+
+    PostgreSQL uses ``clock_timestamp()`` (time at execution, not transaction
+    start); SQLite uses ``'now'``, which is fixed for one statement. The test
+    setting ``FQ_TEST_CLOCK_OFFSET_MS`` is added inside the expression.
+    """
+    base = _PG_NOW if is_postgres(conn) else _SQLITE_NOW
+    offset = conf.clock_offset_ms()
+    return f"({base} + {offset:d})" if offset else base
+
+
+class DbNow(Func):
+    """ORM expression for :func:`now_sql`: the database clock in epoch ms."""
+
+    output_field = BigIntegerField()
+
+    def as_sql(self, compiler, connection, **extra):
+        return now_sql(connection), []
+
+
+def db_now_ms() -> int:
+    """Read the database clock (epoch ms). For reporting only; never compare against it in Python."""
+    with connection().cursor() as cur:
+        cur.execute(f"SELECT {now_sql()}")
+        return int(cur.fetchone()[0])
+
+
+@contextlib.contextmanager
+def write_atomic():
+    """A transaction (or savepoint, inside the caller's) for a write path.
+
+    On SQLite an outermost block begins with ``BEGIN IMMEDIATE`` whatever the
+    site's ``transaction_mode``, so the write lock is taken up front and a
+    read-then-write sequence can never fail half-way with "database is locked".
+    Inside a caller's transaction the caller's mode applies; every SQLite write
+    path therefore starts with a write statement.
+    """
+    conn = connection()
+    if conn.vendor == "sqlite" and not conn.in_atomic_block:
+        saved = getattr(conn, "transaction_mode", None)
+        conn.transaction_mode = "IMMEDIATE"
+        try:
+            with transaction.atomic(using=conn.alias):
+                conn.transaction_mode = saved
+                yield conn
+        finally:
+            conn.transaction_mode = saved
+    else:
+        with transaction.atomic(using=conn.alias):
+            yield conn
+
+
+_RETRYABLE = ("deadlock detected", "could not serialize", "database is locked", "database table is locked")
+
+
+def retrying(fn, *args, attempts: int = 8, **kwargs):
+    """Run ``fn`` in :func:`write_atomic`, retrying deadlocks and lock timeouts.
+
+    Retries happen only when django-fq owns the transaction; inside a caller's
+    ``atomic`` block the error propagates unchanged (SPEC §9). Backs off
+    5 ms · 2^n with jitter, at most ``attempts`` tries.
+    """
+    conn = connection()
+    owned = not conn.in_atomic_block
+    for attempt in range(attempts):
+        try:
+            with write_atomic():
+                return fn(*args, **kwargs)
+        except (OperationalError, DatabaseError) as exc:
+            text = str(exc).lower()
+            if not owned or attempt == attempts - 1 or not any(t in text for t in _RETRYABLE):
+                raise
+            time.sleep(0.005 * (2**attempt) * (0.5 + random.random()))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def notify(conn, queue_name: str) -> None:
+    """Wake idle workers of ``queue_name``; PostgreSQL only, delivered at commit, dropped on rollback."""
+    if conn.vendor == "postgresql":
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue_name])

@@ -1,0 +1,170 @@
+"""The one exception hierarchy of django-fq.
+
+Every error the library raises on purpose derives from :class:`FqError`. Each
+class carries:
+
+* ``code`` — a stable machine-readable slug (used by ``fq --json`` and the REST API),
+* ``status`` — the HTTP status the REST API answers with,
+* ``field`` — the name of the offending argument, when one is to blame.
+
+A class's docstring is its default message. Errors never include a receipt or
+a payload in their text.
+"""
+
+from __future__ import annotations
+
+
+class FqError(Exception):
+    """django-fq error."""
+
+    code = "error"
+    status = 400
+
+    def __init__(self, message: str | None = None, *, field: str | None = None, **extra):
+        self.message = message or (self.__doc__ or self.code).strip().splitlines()[0]
+        self.field = field
+        self.extra = extra
+        super().__init__(self.message)
+
+    def as_dict(self) -> dict:
+        """The error as ``{"code", "message", "field"?, ...extra}`` for JSON output."""
+        out = {"code": self.code, "message": self.message}
+        if self.field:
+            out["field"] = self.field
+        out.update(self.extra)
+        return out
+
+
+# --- bad input (400) -------------------------------------------------------------
+
+
+class InvalidArgument(FqError):
+    """Invalid argument."""
+
+    code = "invalid"
+
+
+class InvalidQueueName(InvalidArgument):
+    """Queue names are 1-200 characters from [A-Za-z0-9:._-]."""
+
+    code = "invalid_queue_name"
+
+
+class InvalidJson(InvalidArgument):
+    """The value is not a JSON document django-fq can store."""
+
+    code = "invalid_json"
+
+
+class PayloadTooLarge(InvalidArgument):
+    """Payload too large."""
+
+    code = "payload_too_large"
+    status = 413
+
+
+class CountOutOfRange(InvalidArgument):
+    """Count out of range."""
+
+    code = "count_out_of_range"
+
+
+class VisibilityOutOfRange(InvalidArgument):
+    """Visibility must be between 1 ms and 24 h."""
+
+    code = "visibility_out_of_range"
+
+
+class InvalidDelay(InvalidArgument):
+    """Delay out of range."""
+
+    code = "invalid_delay"
+
+
+class InvalidTime(InvalidArgument):
+    """Invalid point in time."""
+
+    code = "invalid_time"
+
+
+class DelayAndAt(InvalidArgument):
+    """Give delay_ms or at, not both."""
+
+    code = "delay_and_at"
+
+
+class InvalidPolicy(InvalidArgument):
+    """Queue policy value out of range."""
+
+    code = "invalid_policy"
+
+
+class InvalidCursor(InvalidArgument):
+    """Malformed or foreign cursor."""
+
+    code = "invalid_cursor"
+
+
+# --- not found (404) ---------------------------------------------------------------
+
+
+class QueueNotFound(FqError):
+    """No such queue."""
+
+    code = "queue_not_found"
+    status = 404
+
+
+class JobNotFound(FqError):
+    """No such job in this queue."""
+
+    code = "job_not_found"
+    status = 404
+
+
+# --- conflicts (409) ---------------------------------------------------------------
+
+
+class InvalidReceipt(FqError):
+    """Invalid or expired receipt."""
+
+    code = "invalid_receipt"
+    status = 409
+
+
+class ReceiptCancelled(InvalidReceipt):
+    """The job was cancelled while it ran; its receipt no longer works."""
+
+    code = "cancelled"
+    status = 409
+
+
+class InvalidState(FqError):
+    """The job is not in a state that allows this operation."""
+
+    code = "invalid_state"
+    status = 409
+
+
+class QueueFull(FqError):
+    """Queue full."""
+
+    code = "queue_full"
+    status = 429
+
+
+class WaitTimeout(FqError):
+    """The job did not finish within the wait."""
+
+    code = "wait_timeout"
+    status = 408
+
+
+# --- outcomes a handler raises (not errors of the API) ---------------------------
+
+
+class PermanentFailure(Exception):
+    """Raise from a handler to make the job dead at once, without further attempts.
+
+    The exception's text is stored as the job's last error.
+    """

@@ -1,0 +1,61 @@
+"""Receipts: unforgeable capabilities bound to one lease of one job (SPEC §5).
+
+A receipt reads ``fq1.<job id>.<generation>.<secret>`` where ``secret`` is 256
+random bits (``secrets.token_urlsafe(32)``). The database keeps only
+``sha256(secret)``; presenting a receipt means re-hashing its secret and
+comparing digests with :func:`hmac.compare_digest`. The generation grows with
+every claim of the job, so no receipt is ever valid for two leases.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+
+PREFIX = "fq1"
+_SHAPE = re.compile(r"^fq1\.([0-9a-f]{32})\.([0-9]{1,18})\.([A-Za-z0-9_-]{43})$")
+
+
+@dataclass(frozen=True)
+class ParsedReceipt:
+    """A receipt split into its parts. ``secret_hash`` is the hex SHA-256 of the secret."""
+
+    job_id: str
+    generation: int
+    secret_hash: str
+
+    def __repr__(self) -> str:
+        return f"ParsedReceipt(job_id={self.job_id!r}, generation={self.generation})"
+
+
+def new(job_id: str, generation: int) -> tuple[str, str]:
+    """Mint a receipt for lease ``generation`` of ``job_id``.
+
+    Returns ``(receipt, secret_hash)``; only the hash is to be stored.
+    """
+    secret = secrets.token_urlsafe(32)
+    return f"{PREFIX}.{job_id}.{generation}.{secret}", _hash(secret)
+
+
+def parse(receipt: object) -> ParsedReceipt | None:
+    """Split a presented receipt; ``None`` when it is not shaped like one of ours."""
+    if not isinstance(receipt, str) or len(receipt) > 128:
+        return None
+    m = _SHAPE.match(receipt)
+    if not m:
+        return None
+    return ParsedReceipt(m.group(1), int(m.group(2)), _hash(m.group(3)))
+
+
+def matches(stored_hash: str | None, presented_hash: str) -> bool:
+    """Constant-time comparison of a stored and a presented secret hash."""
+    if not stored_hash:
+        return False
+    return hmac.compare_digest(stored_hash.encode(), presented_hash.encode())
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()

@@ -1,0 +1,121 @@
+"""Plumbing shared by the service modules: queue lookup, counters, SQL helpers.
+
+Nothing here is public API.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.db import IntegrityError, transaction
+
+from .. import conf, db, validation
+from ..exceptions import QueueNotFound
+from ..models import CounterDelta, IdempotencyToken, Job, Lease, Queue
+from ..types import QueuePolicy
+
+JOB = Job._meta.db_table
+LEASE = Lease._meta.db_table
+QUEUE = Queue._meta.db_table
+TOKEN = IdempotencyToken._meta.db_table
+DELTA = CounterDelta._meta.db_table
+
+POLICY_FIELDS = tuple(QueuePolicy.__dataclass_fields__)
+
+#: Stored state → reported state, as SQL over a job row aliased ``j`` (SPEC §9 "Time").
+REPORTED_STATE_SQL = (
+    "CASE WHEN j.state = 'queued' AND j.run_at > {now} THEN 'scheduled' "
+    "WHEN j.state = 'queued' THEN 'ready' ELSE j.state END"
+)
+
+
+def manager(model):
+    """``model``'s default manager on django-fq's database alias."""
+    return model.objects.using(conf.database())
+
+
+def get_queue(name: str) -> Queue:
+    """The queue row named ``name``; :class:`QueueNotFound` if there is none. Never creates."""
+    validation.queue_name(name)
+    try:
+        return manager(Queue).get(name=name)
+    except Queue.DoesNotExist:
+        raise QueueNotFound(f"no such queue: {name}", field="queue") from None
+
+
+def get_or_create_queue(name: str) -> Queue:
+    """The queue row named ``name``, created with the default policy if missing (race-safe)."""
+    validation.queue_name(name)
+    qs = manager(Queue)
+    try:
+        return qs.get(name=name)
+    except Queue.DoesNotExist:
+        pass
+    try:
+        with transaction.atomic(using=conf.database()):
+            return qs.create(name=name, created_at=db.DbNow())
+    except IntegrityError:
+        return qs.get(name=name)
+
+
+def policy_of(q: Queue) -> QueuePolicy:
+    """The :class:`QueuePolicy` stored on queue row ``q``."""
+    return QueuePolicy(**{f: getattr(q, f) for f in POLICY_FIELDS})
+
+
+def add_counters(conn, queue_id: int, **deltas: int) -> None:
+    """Record increments of a queue's totals by inserting one :class:`CounterDelta` row.
+
+    Insert-only, so concurrent operations never wait on each other here; the
+    reaper folds the rows into the queue (:func:`maintenance.fold_counters`).
+    """
+    deltas = {k: v for k, v in deltas.items() if v}
+    if not deltas:
+        return
+    cols = ", ".join(deltas)
+    marks = ", ".join(["%s"] * len(deltas))
+    with conn.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {DELTA} (queue_id, {cols}) VALUES (%s, {marks})",
+            [queue_id, *deltas.values()],
+        )
+
+
+def history_entry(at: int, attempt: int, kind: str, error: str, worker: str = "") -> dict:
+    """One entry of a job's error history."""
+    return {"at": at, "attempt": attempt, "kind": kind, "error": error, "worker": worker}
+
+
+def append_history(errors: list | None, entry: dict, keep: int = 100) -> list:
+    """``errors`` with ``entry`` appended, keeping the newest ``keep`` (100, SPEC §9)."""
+    out = list(errors or [])
+    out.append(entry)
+    return out[-keep:]
+
+
+def backoff_ms(policy: QueuePolicy, attempts: int) -> int:
+    """Retry delay after failed attempt number ``attempts`` (≥ 1), in ms.
+
+    ``min(max_backoff_ms, backoff_ms * 2**(attempts-1))`` with the exponent
+    clamped at 62 so it never overflows (SPEC §5, §9).
+    """
+    exponent = min(max(attempts - 1, 0), 62)
+    return min(policy.max_backoff_ms, policy.backoff_ms * (2**exponent))
+
+
+def dumps(value) -> str:
+    """Compact JSON text of an already-validated value."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def fetch_dicts(cur) -> list[dict]:
+    """All rows of ``cur`` as dicts keyed by column name."""
+    names = [c[0] for c in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def load_json(value):
+    """Decode a JSON column that a raw query may return as text or as a value."""
+    if isinstance(value, (str, bytes)):
+        return json.loads(value)
+    return value

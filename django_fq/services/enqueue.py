@@ -1,0 +1,358 @@
+"""Enqueue verbs: ``enqueue`` and ``enqueue_many``.
+
+One code path serves both: a batch is validated whole, then written in a
+handful of statements inside one transaction (the caller's, if one is open).
+Order of decisions per item (SPEC §9): a live idempotency token returns its
+original job; then ``unique_key`` coalesces onto an active job; then the
+queue-full limit is checked; then the job is inserted.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .. import conf, db, validation
+from ..exceptions import InvalidArgument, InvalidTime, QueueFull
+from ..types import EnqueueResult
+from ._base import JOB, TOKEN, add_counters, get_or_create_queue, policy_of
+from .queues import POLICY_BOUNDS
+
+#: Keys an enqueue envelope may carry (the REST body and ``enqueue_many`` items).
+ENVELOPE_KEYS = frozenset(
+    {
+        "payload",
+        "priority",
+        "delay_ms",
+        "at",
+        "idempotency",
+        "idempotency_retention_ms",
+        "unique_key",
+        "max_attempts",
+        "timeout_ms",
+    }
+)
+_CHUNK = 500  # rows per INSERT: well under SQLite's and PostgreSQL's parameter limits
+
+
+@dataclass(frozen=True)
+class _Item:
+    payload: str
+    size: int
+    priority: int
+    delay_ms: int | None
+    at: int | None
+    token: str | None
+    retention_ms: int | None
+    unique_key: str | None
+    max_attempts: int | None
+    timeout_ms: int | None
+
+
+def enqueue(
+    queue: str,
+    payload,
+    *,
+    priority: int = 0,
+    delay_ms: int | None = None,
+    at=None,
+    idempotency: str | None = None,
+    idempotency_retention_ms: int | None = None,
+    unique_key: str | None = None,
+    max_attempts: int | None = None,
+    timeout_ms: int | None = None,
+) -> EnqueueResult:
+    """Add one job to ``queue`` (created with the default policy if missing).
+
+    Args:
+        payload: any JSON value; at most ``FQ_MAX_PAYLOAD_BYTES`` (default
+            1 MiB) of compact UTF-8 JSON.
+        priority: 32-bit signed int; higher is claimed first.
+        delay_ms: 0 – 10 years; the job becomes eligible that long after now
+            (database clock). Exclusive with ``at``.
+        at: epoch milliseconds (int) or an aware ``datetime``, within 10 years.
+        idempotency: token (1–255 chars); within its retention a repeat returns
+            the original job id with ``created=False`` and changes nothing.
+        idempotency_retention_ms: 1 ms – 30 days; default: the queue's policy.
+        unique_key: coalesce onto the queue's scheduled/ready/running job
+            holding this key, if any.
+        max_attempts: 1–1000; default: the queue's policy (copied now).
+        timeout_ms: 0 – 7 days (0 = none); default: the queue's policy.
+
+    Runs inside the caller's ``transaction.atomic()`` when there is one: a
+    rollback leaves no job and no token, and wakes no worker.
+
+    Raises :class:`InvalidQueueName`, :class:`InvalidJson`,
+    :class:`PayloadTooLarge`, :class:`InvalidDelay`, :class:`DelayAndAt`,
+    :class:`InvalidTime`, :class:`InvalidArgument`, :class:`QueueFull`.
+    """
+    validation.queue_name(queue)
+    item = parse_options(
+        {
+            "payload": payload,
+            "priority": priority,
+            "delay_ms": delay_ms,
+            "at": at,
+            "idempotency": idempotency,
+            "idempotency_retention_ms": idempotency_retention_ms,
+            "unique_key": unique_key,
+            "max_attempts": max_attempts,
+            "timeout_ms": timeout_ms,
+        }
+    )
+    return db.retrying(_write_batch, queue, [item])[0]
+
+
+def enqueue_many(queue: str, items: Iterable[Mapping]) -> list[EnqueueResult]:
+    """Add many jobs in one transaction, all or nothing.
+
+    ``items`` are envelopes: mappings with a ``"payload"`` key and any of the
+    options of :func:`enqueue` (``priority``, ``delay_ms``, ``at``,
+    ``idempotency``, ``idempotency_retention_ms``, ``unique_key``,
+    ``max_attempts``, ``timeout_ms``). Returns one :class:`EnqueueResult` per
+    item, in input order. Items of one batch sharing a token or unique key
+    coalesce onto the first of them. An invalid item fails the whole batch
+    (the error's ``field`` is prefixed with ``items[i].``) and writes nothing.
+    """
+    validation.queue_name(queue)
+    parsed = [_parse_item(i, raw) for i, raw in enumerate(items)]
+    if not parsed:
+        return []
+    return db.retrying(_write_batch, queue, parsed)
+
+
+def _parse_item(index: int, raw) -> _Item:
+    prefix = f"items[{index}]."
+    if not isinstance(raw, Mapping) or "payload" not in raw:
+        raise InvalidArgument(f"{prefix}payload is required", field=f"{prefix}payload")
+    extra = set(raw) - ENVELOPE_KEYS
+    if extra:
+        name = sorted(map(str, extra))[0]
+        raise InvalidArgument(f"unknown enqueue option: {name}", field=f"{prefix}{name}")
+    try:
+        return parse_options(raw)
+    except InvalidArgument as exc:
+        exc.field = f"{prefix}{exc.field}"
+        exc.message = f"{prefix}{exc.message}" if not exc.message.startswith(prefix) else exc.message
+        exc.args = (exc.message,)
+        raise
+
+
+def parse_options(raw: Mapping) -> _Item:
+    """Validate one envelope; raise the first :class:`InvalidArgument` found."""
+    text, size = validation.json_text(raw["payload"], "payload")
+    delay, at = validation.schedule(raw.get("delay_ms"), raw.get("at"))
+    prio = raw.get("priority")
+    prio = 0 if prio is None else validation.integer(prio, "priority", validation.MIN_PRIORITY, validation.MAX_PRIORITY)
+    retention = raw.get("idempotency_retention_ms")
+    if retention is not None:
+        validation.integer(retention, "idempotency_retention_ms", *POLICY_BOUNDS["idempotency_retention_ms"])
+    attempts = raw.get("max_attempts")
+    if attempts is not None:
+        validation.integer(attempts, "max_attempts", *POLICY_BOUNDS["max_attempts"])
+    timeout = raw.get("timeout_ms")
+    if timeout is not None:
+        validation.integer(timeout, "timeout_ms", *POLICY_BOUNDS["timeout_ms"])
+    return _Item(
+        payload=text,
+        size=size,
+        priority=prio,
+        delay_ms=delay,
+        at=at,
+        token=validation.key(raw.get("idempotency"), "idempotency"),
+        retention_ms=retention,
+        unique_key=validation.key(raw.get("unique_key"), "unique_key"),
+        max_attempts=attempts,
+        timeout_ms=timeout,
+    )
+
+
+def _write_batch(queue: str, items: list[_Item]) -> list[EnqueueResult]:
+    conn = db.connection()
+    q = get_or_create_queue(queue)
+    pol = policy_of(q)
+    now = db.now_sql(conn)
+    if any(it.at is not None for it in items):
+        _check_horizon(conn, now, items)
+
+    uids = [secrets.token_hex(16) for _ in items]
+    first_by_token: dict[str, int] = {}
+    for i, it in enumerate(items):
+        if it.token is not None:
+            first_by_token.setdefault(it.token, i)
+
+    live_tokens = _claim_tokens(conn, now, q.id, pol, items, uids, first_by_token)
+
+    # Resolve each item to an existing job, an earlier item, or a new job.
+    results: list[EnqueueResult | None] = [None] * len(items)
+    keys = {it.unique_key for it in items if it.unique_key is not None and it.token not in live_tokens}
+    active_keys = _active_keys(conn, q.id, keys)
+    key_owner: dict[str, int] = {}
+    token_fixups: dict[str, str] = {}
+    new: list[int] = []
+    for i, it in enumerate(items):
+        if it.token is not None:
+            if it.token in live_tokens:
+                results[i] = EnqueueResult(live_tokens[it.token], False)
+                continue
+            first = first_by_token[it.token]
+            if first != i:
+                results[i] = EnqueueResult(results[first].id, False)
+                continue
+        if it.unique_key is not None:
+            if it.unique_key in active_keys:
+                target = active_keys[it.unique_key]
+            elif it.unique_key in key_owner:
+                target = uids[key_owner[it.unique_key]]
+            else:
+                key_owner[it.unique_key] = i
+                target = None
+            if target is not None:
+                results[i] = EnqueueResult(target, False)
+                if it.token is not None:
+                    token_fixups[it.token] = target
+                continue
+        results[i] = EnqueueResult(uids[i], True)
+        new.append(i)
+
+    if new:
+        _check_capacity(conn, q.id, len(new))
+        created = _insert_jobs(conn, now, q.id, pol, items, uids, new)
+        for i in new:
+            if uids[i] in created:
+                continue
+            # A concurrent enqueue committed an active job with this unique key first.
+            target = _active_keys(conn, q.id, {items[i].unique_key}).get(items[i].unique_key)
+            if target is None:
+                created |= _insert_jobs(conn, now, q.id, pol, items, uids, [i])
+                if uids[i] in created:
+                    continue
+                raise InvalidArgument("unique_key is contended; try again", field="unique_key")
+            results[i] = EnqueueResult(target, False)
+            if items[i].token is not None:
+                token_fixups[items[i].token] = target
+            for j, it in enumerate(items):  # later items that followed this one
+                if j != i and results[j].id == uids[i]:
+                    results[j] = EnqueueResult(target, False)
+    for token, target in token_fixups.items():
+        with conn.cursor() as cur:
+            cur.execute(f"UPDATE {TOKEN} SET job_uid = %s WHERE queue_id = %s AND token = %s", [target, q.id, token])
+
+    n_created = sum(1 for r in results if r.created)
+    add_counters(conn, q.id, enqueued=n_created, deduplicated=len(items) - n_created)
+    if n_created:
+        db.notify(conn, queue)
+    return results
+
+
+def _check_horizon(conn, now: str, items: list[_Item]) -> None:
+    """``at`` must lie within 10 years of the database's now."""
+    latest = max(it.at for it in items if it.at is not None)
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT {now} + %s >= %s", [validation.MAX_DELAY_MS, latest])
+        if not cur.fetchone()[0]:
+            raise InvalidTime("at must be within 10 years from now", field="at")
+
+
+def _claim_tokens(conn, now, queue_id, pol, items, uids, first_by_token) -> dict[str, str]:
+    """Insert (or take over expired) tokens; return ``{token: job uid}`` of the live ones we do not own."""
+    if not first_by_token:
+        return {}
+    tokens = sorted(first_by_token)  # a fixed order: concurrent batches cannot deadlock
+    rows, params = [], []
+    for token in tokens:
+        it = items[first_by_token[token]]
+        rows.append("(%s, %s, %s, (SELECT t FROM c), (SELECT t FROM c) + %s)")
+        params += [queue_id, token, uids[first_by_token[token]], it.retention_ms or pol.idempotency_retention_ms]
+    with conn.cursor() as cur:
+        cur.execute(
+            f"WITH c AS (SELECT {now} AS t) "
+            f"INSERT INTO {TOKEN} (queue_id, token, job_uid, created_at, expires_at) VALUES {', '.join(rows)} "
+            f"ON CONFLICT (queue_id, token) DO UPDATE SET job_uid = excluded.job_uid, "
+            f"created_at = excluded.created_at, expires_at = excluded.expires_at "
+            f"WHERE {TOKEN}.expires_at <= excluded.created_at RETURNING token",
+            params,
+        )
+        owned = {r[0] for r in cur.fetchall()}
+        if owned:
+            limit = int(conf.get("FQ_MAX_TOKENS_PER_QUEUE"))
+            cur.execute(
+                f"SELECT COUNT(*) FROM (SELECT 1 FROM {TOKEN} WHERE queue_id = %s AND expires_at > {now} LIMIT %s) t",
+                [queue_id, limit + 1],
+            )
+            if cur.fetchone()[0] > limit:
+                raise QueueFull(
+                    f"queue full: {limit} live idempotency tokens (FQ_MAX_TOKENS_PER_QUEUE)", field="idempotency"
+                )
+        others = [t for t in tokens if t not in owned]
+        if not others:
+            return {}
+        marks = ", ".join(["%s"] * len(others))
+        cur.execute(f"SELECT token, job_uid FROM {TOKEN} WHERE queue_id = %s AND token IN ({marks})", [queue_id, *others])
+        return dict(cur.fetchall())
+
+
+def _active_keys(conn, queue_id: int, keys: set) -> dict[str, str]:
+    """``{unique_key: uid}`` of the queue's scheduled/ready/running jobs holding one of ``keys``."""
+    keys = sorted(k for k in keys if k is not None)
+    if not keys:
+        return {}
+    marks = ", ".join(["%s"] * len(keys))
+    with conn.cursor() as cur:
+        cur.execute(
+            f"SELECT unique_key, uid FROM {JOB} WHERE queue_id = %s AND state IN ('queued', 'running') "
+            f"AND unique_key IN ({marks})",
+            [queue_id, *keys],
+        )
+        return dict(cur.fetchall())
+
+
+def _check_capacity(conn, queue_id: int, adding: int) -> None:
+    """Raise :class:`QueueFull` if ``adding`` jobs would pass ``FQ_MAX_JOBS_PER_QUEUE`` active jobs."""
+    limit = int(conf.get("FQ_MAX_JOBS_PER_QUEUE"))
+    with conn.cursor() as cur:
+        cur.execute(
+            f"SELECT COUNT(*) FROM (SELECT 1 FROM {JOB} WHERE queue_id = %s AND state IN ('queued', 'running') "
+            f"LIMIT %s) t",
+            [queue_id, limit],
+        )
+        active = cur.fetchone()[0]
+    if active + adding > limit:
+        raise QueueFull(f"queue full: {active} of {limit} jobs active (FQ_MAX_JOBS_PER_QUEUE)", field="queue")
+
+
+def _insert_jobs(conn, now, queue_id, pol, items, uids, indexes) -> set[str]:
+    """Insert the jobs of ``indexes``; return the uids actually inserted (unique-key conflicts skip)."""
+    created: set[str] = set()
+    for start in range(0, len(indexes), _CHUNK):
+        rows, params = [], []
+        for i in indexes[start : start + _CHUNK]:
+            it = items[i]
+            run_at = "%s" if it.at is not None else "(SELECT t FROM c) + %s"
+            rows.append(
+                f"(%s, %s, 'queued', %s, {run_at}, (SELECT t FROM c), (SELECT t FROM c), 0, %s, 0, %s, %s, %s, "
+                f"'', '[]', %s, %s, '')"
+            )
+            params += [
+                uids[i],
+                queue_id,
+                it.priority,
+                it.at if it.at is not None else (it.delay_ms or 0),
+                it.max_attempts or pol.max_attempts,
+                pol.timeout_ms if it.timeout_ms is None else it.timeout_ms,
+                it.payload,
+                it.size,
+                it.unique_key,
+                it.token,
+            ]
+        with conn.cursor() as cur:
+            cur.execute(
+                f"WITH c AS (SELECT {now} AS t) INSERT INTO {JOB} (uid, queue_id, state, priority, run_at, "
+                f"enqueued_at, changed_at, attempts, max_attempts, generation, timeout_ms, payload, payload_size, "
+                f"last_error, errors, unique_key, idempotency, worker) VALUES {', '.join(rows)} "
+                f"ON CONFLICT DO NOTHING RETURNING uid",
+                params,
+            )
+            created.update(r[0] for r in cur.fetchall())
+    return created

@@ -1,0 +1,293 @@
+"""Inspection and repair verbs: get, jobs, stats, retry, cancel, wait."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import time
+
+from django.db import IntegrityError, transaction
+from django.db.models import Case, F, Q, Value, When
+from django.db.models.functions import Coalesce
+
+from .. import db, validation
+from ..exceptions import InvalidArgument, InvalidCursor, InvalidState, JobNotFound, WaitTimeout
+from ..models import CounterDelta, Job, Lease
+from ..types import STATE_NAMES, TIMING_NAMES, TOTAL_NAMES, JobInfo, JobPage, JobState, QueueStats
+from ._base import add_counters, append_history, get_queue, history_entry, load_json, manager
+from .queues import counts
+
+FINAL_STATES = frozenset({"succeeded", "dead", "cancelled"})
+_LIST_FIELDS = (
+    "uid", "state", "priority", "run_at", "enqueued_at", "changed_at", "attempts", "max_attempts",
+    "timeout_ms", "unique_key", "idempotency", "last_error", "claimed_at", "finished_at", "worker",
+)  # fmt: skip
+
+
+def _reported():
+    now = db.DbNow()
+    return Case(
+        When(state="queued", run_at__gt=now, then=Value("scheduled")),
+        When(state="queued", then=Value("ready")),
+        default=F("state"),
+    )
+
+
+def _info(row: dict, queue: str, *, full: bool) -> JobInfo:
+    extra = {}
+    if full:
+        extra = {
+            "payload": json.loads(row["payload"]),
+            "result": None if row["result"] is None else json.loads(row["result"]),
+            "errors": list(row["errors"] or []),
+        }
+    return JobInfo(
+        id=row["uid"],
+        queue=queue,
+        state=row["reported"],
+        priority=row["priority"],
+        run_at=row["run_at"],
+        enqueued_at=row["enqueued_at"],
+        changed_at=row["changed_at"],
+        attempts=row["attempts"],
+        max_attempts=row["max_attempts"],
+        timeout_ms=row["timeout_ms"],
+        unique_key=row["unique_key"],
+        idempotency=row["idempotency"],
+        last_error=row["last_error"],
+        claimed_at=row["claimed_at"],
+        finished_at=row["finished_at"],
+        lease_deadline=row["lease_deadline"],
+        worker=row["worker"],
+        **extra,
+    )
+
+
+def _job_rows(queue_id: int):
+    return (
+        manager(Job)
+        .filter(queue_id=queue_id)
+        .annotate(reported=_reported(), lease_deadline=F("lease__deadline"))
+    )
+
+
+def get(queue: str, job_id: str) -> JobInfo:
+    """A job's metadata, payload, result and error history — never its receipt.
+
+    Raises :class:`QueueNotFound`, :class:`JobNotFound` (also for a job of
+    another queue, or one already pruned).
+    """
+    q = get_queue(queue)
+    if not isinstance(job_id, str):
+        raise JobNotFound(field="job_id")
+    rows = list(_job_rows(q.id).filter(uid=job_id).values(*_LIST_FIELDS, "reported", "lease_deadline", "payload", "result", "errors"))
+    if not rows:
+        raise JobNotFound(f"no job {job_id} in queue {queue}", field="job_id")
+    return _info(rows[0], queue, full=True)
+
+
+# Listing orders (SPEC §9): each is a tuple of (field, descending?) ending in seq.
+_ORDERS = {
+    "ready": (("priority", True), ("seq", False)),
+    "scheduled": (("run_at", False), ("priority", True), ("seq", False)),
+    None: (("seq", True),),
+}
+_NEWEST_FIRST = (("changed_at", True), ("seq", True))
+
+
+def jobs(queue: str, *, state: str | None = None, cursor: str | None = None, count: int = validation.DEFAULT_PAGE) -> JobPage:
+    """One page of a queue's jobs (metadata only, no payloads).
+
+    ``state`` (optional) is a reported state name. Order: ready jobs in claim
+    order; scheduled by run_at, then claim order; running/succeeded/dead/
+    cancelled newest first by last transition; no state: newest enqueued
+    first. ``cursor`` is the opaque ``next_cursor`` of the previous page;
+    ``count`` is 1–1000 (default 20).
+
+    Raises :class:`QueueNotFound`, :class:`InvalidArgument` (field ``state``),
+    :class:`InvalidCursor`, :class:`CountOutOfRange`.
+    """
+    q = get_queue(queue)
+    if state is not None and state not in STATE_NAMES:
+        raise InvalidArgument(f"state must be one of {', '.join(STATE_NAMES)}", field="state")
+    validation.integer(count, "count", 1, validation.MAX_PAGE, validation.CountOutOfRange)
+    order = _ORDERS.get(state, _NEWEST_FIRST)
+    qs = _job_rows(q.id)
+    if state is not None:
+        qs = qs.filter(reported=state)
+        if state in ("scheduled", "ready", "running"):
+            qs = qs.filter(state="running" if state == "running" else "queued")
+        else:
+            qs = qs.filter(state=state)
+    if cursor is not None:
+        qs = qs.filter(_after(_decode_cursor(cursor, state, len(order)), order))
+    qs = qs.order_by(*[("-" if desc else "") + name for name, desc in order])
+    rows = list(qs.values(*_LIST_FIELDS, "seq", "reported", "lease_deadline")[: count + 1])
+    more = len(rows) > count
+    rows = rows[:count]
+    next_cursor = _encode_cursor(state, [rows[-1][name] for name, _ in order]) if more else None
+    return JobPage(jobs=[_info(r, queue, full=False) for r in rows], next_cursor=next_cursor)
+
+
+def _after(key: list, order) -> Q:
+    """Keyset condition: rows strictly after ``key`` in ``order``."""
+    cond = Q()
+    for i in range(len(order) - 1, -1, -1):
+        name, desc = order[i]
+        step = Q(**{f"{name}__{'lt' if desc else 'gt'}": key[i]})
+        cond = step if i == len(order) - 1 else step | (Q(**{name: key[i]}) & cond)
+    return cond
+
+
+def _encode_cursor(state, key: list) -> str:
+    raw = json.dumps([state, key], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: object, state, width: int) -> list:
+    try:
+        if not isinstance(cursor, str) or len(cursor) > 512:
+            raise ValueError
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        got_state, key = json.loads(raw)
+        if got_state != state or not isinstance(key, list) or len(key) != width:
+            raise ValueError
+        if not all(isinstance(k, int) and not isinstance(k, bool) for k in key):
+            raise ValueError
+        return key
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise InvalidCursor(field="cursor") from None
+
+
+def stats(queue: str) -> QueueStats:
+    """Counts per state, totals and observed wait/run times (sums and counts, ms) of ``queue``.
+
+    Totals are the queue's folded counters plus the deltas not yet folded.
+    Raises :class:`QueueNotFound`.
+    """
+    from django.db.models import Sum
+
+    q = get_queue(queue)
+    names = TOTAL_NAMES + TIMING_NAMES
+    pending = manager(CounterDelta).filter(queue_id=q.id).aggregate(**{n: Coalesce(Sum(n), 0) for n in names})
+    values = {n: getattr(q, n) + pending[n] for n in names}
+    return QueueStats(
+        queue=queue,
+        counts=counts(q.id),
+        totals={n: values[n] for n in TOTAL_NAMES},
+        **{n: values[n] for n in TIMING_NAMES},
+    )
+
+
+def retry(queue: str, job_id: str) -> JobInfo:
+    """Make a dead job ready again now with attempts reset to 0 (its old receipts stay invalid).
+
+    Raises :class:`JobNotFound`, :class:`InvalidState` (not dead, or its
+    unique_key is now held by another active job, named in the error).
+    """
+    q = get_queue(queue)
+
+    def apply():
+        conn = db.connection()
+        job = _lock_job(q.id, job_id)
+        if job.state != "dead":
+            raise InvalidState(f"only dead jobs can be retried; this job is {job.state}", field="job_id", state=job.state)
+        try:
+            with transaction.atomic(using=conn.alias):
+                manager(Job).filter(seq=job.seq).update(
+                    state="queued", attempts=0, run_at=db.DbNow(), changed_at=db.DbNow(), finished_at=None
+                )
+        except IntegrityError:
+            holder = manager(Job).filter(queue_id=q.id, unique_key=job.unique_key, state__in=["queued", "running"])
+            other = holder.values_list("uid", flat=True).first()
+            raise InvalidState(
+                f"unique_key {job.unique_key!r} is held by active job {other}", field="job_id", holder=other
+            ) from None
+        add_counters(conn, q.id, retried=1)
+        db.notify(conn, queue)
+
+    db.retrying(apply)
+    return get(queue, job_id)
+
+
+def cancel(queue: str, job_id: str) -> JobInfo:
+    """Take a scheduled, ready, running or dead job out of the work: state ``cancelled``.
+
+    A running job's lease ends at once and its receipt then raises
+    :class:`ReceiptCancelled`. Raises :class:`JobNotFound`,
+    :class:`InvalidState` (already succeeded or cancelled).
+    """
+    q = get_queue(queue)
+
+    def apply():
+        conn = db.connection()
+        for _ in range(5):
+            lease = _lock_lease_of(q.id, job_id)
+            job = _lock_job(q.id, job_id)
+            if job.state in ("succeeded", "cancelled"):
+                raise InvalidState(f"a {job.state} job cannot be cancelled", field="job_id", state=job.state)
+            if job.state == "running" and lease is None:
+                continue  # a claim committed between our two reads; lock its lease first
+            break
+        else:  # pragma: no cover - needs five claims racing one cancel
+            raise InvalidState("the job keeps changing; try again", field="job_id")
+        changes = {}
+        if lease is not None:
+            manager(Lease).filter(job_id=job.seq).delete()
+            changes = {"settled_hash": lease.receipt_hash, "settled_op": "cancel", "settled_outcome": {"state": "cancelled", "run_at": None}}
+        now = db.db_now_ms()
+        manager(Job).filter(seq=job.seq).update(
+            state="cancelled",
+            finished_at=now,
+            changed_at=now,
+            errors=append_history(job.errors, history_entry(now, job.attempts, "cancel", "cancelled", job.worker)),
+            **changes,
+        )
+        add_counters(conn, q.id, cancelled=1)
+
+    db.retrying(apply)
+    return get(queue, job_id)
+
+
+def _lock_job(queue_id: int, job_id: object) -> Job:
+    if not isinstance(job_id, str):
+        raise JobNotFound(field="job_id")
+    qs = manager(Job).filter(queue_id=queue_id, uid=job_id)
+    if db.is_postgres():
+        qs = qs.select_for_update()
+    job = qs.first()
+    if job is None:
+        raise JobNotFound(f"no job {job_id} in this queue", field="job_id")
+    return job
+
+
+def _lock_lease_of(queue_id: int, job_id: object) -> Lease | None:
+    qs = manager(Lease).filter(queue_id=queue_id, job__uid=job_id)
+    if db.is_postgres():
+        qs = qs.select_for_update(of=("self",))
+    return qs.first()
+
+
+def wait(queue: str, job_id: str, *, timeout_ms: int) -> JobInfo:
+    """Block until the job succeeded, died or was cancelled; return it (with result and errors).
+
+    Polls the database (10 ms, growing to 500 ms). ``timeout_ms`` is 0 – 24 h.
+    Raises :class:`WaitTimeout` when the job is not final in time,
+    :class:`JobNotFound`, :class:`QueueNotFound`.
+    """
+    validation.integer(timeout_ms, "timeout_ms", 0, validation.DAY_MS)
+    give_up = time.monotonic() + timeout_ms / 1000
+    pause = 0.01
+    while True:
+        info = get(queue, job_id)
+        if info.state in FINAL_STATES:
+            return info
+        remaining = give_up - time.monotonic()
+        if remaining <= 0:
+            raise WaitTimeout(f"job {job_id} is still {info.state} after {timeout_ms} ms", field="timeout_ms", state=info.state)
+        time.sleep(min(pause, remaining))
+        pause = min(pause * 2, 0.5)
+
+
+__all__ = ["get", "jobs", "stats", "retry", "cancel", "wait", "JobState"]

@@ -1,0 +1,449 @@
+"""Lease verbs: claim, ack, nack, release, extend — and expiry handling.
+
+Locking rule (PostgreSQL): whoever changes a running job locks its lease row
+first and the job row second. The reaper, ack, nack, release, extend and
+cancel all follow it, so they never deadlock each other, and exactly one of
+them wins a lease: the one that deletes the lease row.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .. import db, receipts, validation
+from ..conf import CLAIM_PAYLOAD_CAP_BYTES
+from ..exceptions import InvalidReceipt, QueueNotFound, ReceiptCancelled
+from ..models import Job
+from ..types import ClaimedJob, SettleResult
+from ._base import (
+    JOB,
+    LEASE,
+    QUEUE,
+    add_counters,
+    append_history,
+    backoff_ms,
+    fetch_dicts,
+    get_queue,
+    history_entry,
+    load_json,
+    manager,
+    policy_of,
+)
+
+#: Poll interval of a long-poll claim (``wait_ms``) between attempts, in seconds.
+LONG_POLL_INTERVAL_S = 0.05
+#: Expired leases a claim handles for its own queue before it claims.
+CLAIM_REAP_BATCH = 100
+
+
+# --- claim ---------------------------------------------------------------------------
+
+
+def claim(
+    queue: str,
+    *,
+    count: int = 1,
+    visibility_ms: int | None = None,
+    wait_ms: int = 0,
+    worker: str = "",
+) -> list[ClaimedJob]:
+    """Take up to ``count`` eligible jobs of ``queue`` under new leases.
+
+    Args:
+        count: 1–1000 jobs at most.
+        visibility_ms: lease length, 1 ms – 24 h; default: the queue's policy
+            (30 000 ms unless configured). Capped per job by its timeout.
+        wait_ms: 0–20 000. With 0 the call never blocks and returns ``[]`` when
+            nothing is eligible; otherwise it waits up to that long for a job.
+        worker: free-form worker id recorded on the lease (for inspection).
+
+    Jobs come in claim order (higher priority first, then enqueue order), each
+    with a fresh receipt, the absolute deadline (epoch ms, database clock;
+    the lease is valid strictly before it), attempts (this claim included) and
+    enqueue time. The queue's concurrency limit is respected and the summed
+    payload sizes stay within 32 MiB (at least one job if any is eligible).
+    Expired leases of this queue are handled first.
+
+    Raises :class:`InvalidQueueName`, :class:`QueueNotFound`,
+    :class:`CountOutOfRange`, :class:`VisibilityOutOfRange`, :class:`InvalidArgument`.
+    """
+    validation.count(count)
+    if visibility_ms is not None:
+        validation.visibility(visibility_ms)
+    validation.integer(wait_ms, "wait_ms", 0, validation.MAX_WAIT_MS)
+    q = get_queue(queue)
+    vis = visibility_ms or q.visibility_ms
+    give_up = time.monotonic() + wait_ms / 1000
+    while True:
+        jobs = db.retrying(_claim_once, q.id, queue, count, vis, str(worker)[:200])
+        remaining = give_up - time.monotonic()
+        if jobs or remaining <= 0:
+            return jobs
+        time.sleep(min(LONG_POLL_INTERVAL_S, remaining))
+
+
+def _claim_once(queue_id: int, queue: str, count: int, vis: int, worker: str) -> list[ClaimedJob]:
+    conn = db.connection()
+    expire_leases(conn, queue_id=queue_id, limit=CLAIM_REAP_BATCH)
+    now = db.now_sql(conn)
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT concurrency FROM {QUEUE} WHERE id = %s", [queue_id])
+        row = cur.fetchone()
+        if row is None:
+            raise QueueNotFound(f"no such queue: {queue}", field="queue")
+        concurrency = row[0]
+        returning = "seq, uid, payload, generation, attempts, max_attempts, priority, enqueued_at, run_at, timeout_ms, claimed_at"
+        if db.is_postgres(conn):
+            if concurrency > 0:
+                cur.execute(f"SELECT id FROM {QUEUE} WHERE id = %s FOR UPDATE", [queue_id])
+                cur.execute(f"SELECT COUNT(*) FROM {LEASE} WHERE queue_id = %s", [queue_id])
+                count = min(count, concurrency - cur.fetchone()[0])
+                if count <= 0:
+                    return []
+            picked = list(
+                manager(Job)
+                .filter(queue_id=queue_id, state="queued", run_at__lte=db.DbNow())
+                .order_by("-priority", "seq")
+                .select_for_update(skip_locked=True)
+                .values_list("seq", "payload_size")[:count]
+            )
+            seqs, total = [], 0
+            for seq, size in picked:
+                if seqs and total + size > CLAIM_PAYLOAD_CAP_BYTES:
+                    break
+                seqs.append(seq)
+                total += size
+            if not seqs:
+                return []
+            marks = ", ".join(["%s"] * len(seqs))
+            cur.execute(
+                f"WITH c AS (SELECT {now} AS t) UPDATE {JOB} SET state = 'running', attempts = attempts + 1, "
+                f"generation = generation + 1, claimed_at = c.t, changed_at = c.t, worker = %s "
+                f"FROM c WHERE seq IN ({marks}) RETURNING {returning}",
+                [worker, *seqs],
+            )
+        else:
+            # One statement takes the write lock and the jobs at once, whatever
+            # the transaction mode, so two processes can never take one job.
+            limit, params = "%s", [count]
+            if concurrency > 0:
+                limit = f"MAX(0, MIN(%s, %s - (SELECT COUNT(*) FROM {LEASE} WHERE queue_id = %s)))"
+                params = [count, concurrency, queue_id]
+            cur.execute(
+                f"UPDATE {JOB} SET state = 'running', attempts = attempts + 1, generation = generation + 1, "
+                f"claimed_at = {now}, changed_at = {now}, worker = %s WHERE seq IN ("
+                f"SELECT seq FROM (SELECT seq, SUM(payload_size) OVER (ORDER BY priority DESC, seq "
+                f"ROWS UNBOUNDED PRECEDING) AS cum FROM (SELECT seq, priority, payload_size FROM {JOB} "
+                f"WHERE queue_id = %s AND state = 'queued' AND run_at <= {now} ORDER BY priority DESC, seq "
+                f"LIMIT {limit})) WHERE cum <= %s) RETURNING {returning}",
+                [worker, queue_id, *params, CLAIM_PAYLOAD_CAP_BYTES],
+            )
+        rows = fetch_dicts(cur)
+        if not rows:
+            return []
+        rows.sort(key=lambda r: (-r["priority"], r["seq"]))
+        jobs, leases, lease_params = [], [], []
+        wait_sum = 0
+        for r in rows:
+            receipt, digest = receipts.new(r["uid"], r["generation"])
+            claimed = r["claimed_at"]
+            timeout_at = claimed + r["timeout_ms"] if r["timeout_ms"] else None
+            deadline = claimed + vis if timeout_at is None else min(claimed + vis, timeout_at)
+            leases.append("(%s, %s, %s, %s, %s, %s, %s, %s)")
+            lease_params += [r["seq"], queue_id, r["generation"], digest, claimed, deadline, timeout_at, worker]
+            wait_sum += max(0, claimed - max(r["enqueued_at"], r["run_at"]))
+            jobs.append(
+                ClaimedJob(
+                    id=r["uid"],
+                    queue=queue,
+                    payload=load_json(r["payload"]),
+                    receipt=receipt,
+                    deadline=deadline,
+                    attempts=r["attempts"],
+                    max_attempts=r["max_attempts"],
+                    priority=r["priority"],
+                    enqueued_at=r["enqueued_at"],
+                    claimed_at=claimed,
+                )
+            )
+        cur.execute(
+            f"INSERT INTO {LEASE} (job_id, queue_id, generation, receipt_hash, claimed_at, deadline, timeout_at, "
+            f"worker) VALUES {', '.join(leases)}",
+            lease_params,
+        )
+    add_counters(conn, queue_id, claimed=len(jobs), wait_ms_sum=wait_sum, wait_count=len(jobs))
+    return jobs
+
+
+# --- settling a lease ------------------------------------------------------------------
+
+
+def ack(queue: str, receipt: str, *, result=None) -> SettleResult:
+    """Mark the job held by ``receipt`` succeeded and store ``result`` (any JSON, size-capped).
+
+    Repeating the same ack with the same receipt returns the recorded outcome
+    with ``replay=True`` and changes nothing.
+
+    Raises :class:`InvalidReceipt` (expired, forged, malformed, settled,
+    older generation, other queue), :class:`ReceiptCancelled`,
+    :class:`InvalidJson` / :class:`PayloadTooLarge` (field ``result``).
+    """
+    text = None if result is None else validation.json_text(result, "result")[0]
+    q = get_queue(queue)
+
+    def apply():
+        conn = db.connection()
+        lease = _locked_lease(conn, q.id, receipt, "ack")
+        if isinstance(lease, SettleResult):
+            return lease
+        now = lease["now"]
+        outcome = {"state": "succeeded", "run_at": None}
+        _end_lease(conn, lease)
+        manager(Job).filter(seq=lease["job_id"]).update(
+            state="succeeded",
+            result=text,
+            finished_at=now,
+            changed_at=now,
+            settled_hash=lease["receipt_hash"],
+            settled_op="ack",
+            settled_outcome=outcome,
+        )
+        add_counters(conn, q.id, acked=1, run_ms_sum=max(0, now - lease["claimed_at"]), run_count=1)
+        return SettleResult(id=lease["uid"], **outcome)
+
+    return db.retrying(apply)
+
+
+def nack(
+    queue: str,
+    receipt: str,
+    *,
+    delay_ms: int | None = None,
+    error: str | None = None,
+    permanent: bool = False,
+) -> SettleResult:
+    """Record a failed attempt of the job held by ``receipt``.
+
+    The job is rescheduled ``delay_ms`` (0 – 30 days) after now, or after the
+    queue's backoff ``min(max_backoff_ms, backoff_ms * 2**(attempts-1))`` when
+    omitted. When attempts ≥ max_attempts, or ``permanent`` is true, it
+    becomes ``dead`` instead (dead wins over any delay). ``error`` (text, cut
+    to 64 KiB) is stored as the last error and in the history.
+
+    Raises :class:`InvalidReceipt`, :class:`ReceiptCancelled`, :class:`InvalidDelay`.
+    """
+    if delay_ms is not None:
+        validation.integer(delay_ms, "delay_ms", 0, validation.MAX_NACK_DELAY_MS, validation.InvalidDelay)
+    message = validation.error_text(error)
+    q = get_queue(queue)
+
+    def apply():
+        conn = db.connection()
+        lease = _locked_lease(conn, q.id, receipt, "nack")
+        if isinstance(lease, SettleResult):
+            return lease
+        _end_lease(conn, lease)
+        outcome = fail_attempt(
+            conn,
+            lease,
+            kind="nack",
+            error=message,
+            base_ms=lease["now"],
+            delay_ms=delay_ms,
+            permanent=permanent,
+            settled_op="nack",
+        )
+        return SettleResult(id=lease["uid"], **outcome)
+
+    return db.retrying(apply)
+
+
+def release(queue: str, receipt: str, *, error: str | None = None) -> SettleResult:
+    """End the lease and make the job ready again now, giving the attempt back.
+
+    Used by a worker shutting down: the job's attempts go down by one, a
+    history entry (``error``, default "released") and a ``released`` total are
+    recorded. Raises :class:`InvalidReceipt`, :class:`ReceiptCancelled`.
+    """
+    message = validation.error_text(error) or "released"
+    q = get_queue(queue)
+
+    def apply():
+        conn = db.connection()
+        lease = _locked_lease(conn, q.id, receipt, "release")
+        if isinstance(lease, SettleResult):
+            return lease
+        now = lease["now"]
+        _end_lease(conn, lease)
+        job = manager(Job).only("attempts", "errors").get(seq=lease["job_id"])
+        outcome = {"state": "ready", "run_at": now}
+        manager(Job).filter(seq=lease["job_id"]).update(
+            state="queued",
+            run_at=now,
+            changed_at=now,
+            attempts=max(0, job.attempts - 1),
+            last_error=message,
+            errors=append_history(job.errors, history_entry(now, job.attempts, "release", message, lease["worker"])),
+            settled_hash=lease["receipt_hash"],
+            settled_op="release",
+            settled_outcome=outcome,
+        )
+        add_counters(conn, q.id, released=1)
+        db.notify(conn, queue)
+        return SettleResult(id=lease["uid"], **outcome)
+
+    return db.retrying(apply)
+
+
+def extend(queue: str, receipt: str, *, visibility_ms: int) -> int:
+    """Move the lease's deadline to now + ``visibility_ms`` (1 ms – 24 h); return it (epoch ms).
+
+    The new deadline never passes the job's timeout (claim time + timeout_ms).
+    Raises :class:`InvalidReceipt`, :class:`ReceiptCancelled`, :class:`VisibilityOutOfRange`.
+    """
+    validation.visibility(visibility_ms)
+    q = get_queue(queue)
+
+    def apply():
+        conn = db.connection()
+        lease = _locked_lease(conn, q.id, receipt, "extend")
+        deadline = lease["now"] + visibility_ms
+        if lease["timeout_at"] is not None:
+            deadline = min(deadline, lease["timeout_at"])
+        with conn.cursor() as cur:
+            cur.execute(f"UPDATE {LEASE} SET deadline = %s WHERE job_id = %s", [deadline, lease["job_id"]])
+        return deadline
+
+    return db.retrying(apply)
+
+
+def _locked_lease(conn, queue_id: int, receipt: str, op: str):
+    """Find and lock the live lease ``receipt`` names, or answer a replay, or raise.
+
+    Returns the lease row (with ``now``: the database time of the check), or
+    a :class:`SettleResult` flagged ``replay`` when ``op`` repeats the recorded
+    settle of this very receipt.
+    """
+    parsed = receipts.parse(receipt)
+    if parsed is None:
+        raise InvalidReceipt(field="receipt")
+    now = db.now_sql(conn)
+    lock = " FOR UPDATE OF l" if db.is_postgres(conn) else ""
+    with conn.cursor() as cur:
+        cur.execute(
+            f"SELECT l.job_id, l.generation, l.receipt_hash, l.claimed_at, l.deadline, l.timeout_at, l.worker, "
+            f"j.uid, CASE WHEN l.deadline > {now} THEN 1 ELSE 0 END AS live, {now} AS now "
+            f"FROM {LEASE} l JOIN {JOB} j ON j.seq = l.job_id WHERE j.uid = %s AND l.queue_id = %s{lock}",
+            [parsed.job_id, queue_id],
+        )
+        rows = fetch_dicts(cur)
+    if rows:
+        lease = rows[0]
+        if lease["generation"] == parsed.generation and receipts.matches(lease["receipt_hash"], parsed.secret_hash):
+            if not lease["live"]:
+                raise InvalidReceipt("invalid or expired receipt: the lease has expired", field="receipt")
+            return lease
+    return _replay_or_raise(conn, queue_id, parsed, op)
+
+
+def _replay_or_raise(conn, queue_id: int, parsed, op: str) -> SettleResult:
+    with conn.cursor() as cur:
+        cur.execute(
+            f"SELECT settled_hash, settled_op, settled_outcome FROM {JOB} WHERE uid = %s AND queue_id = %s",
+            [parsed.job_id, queue_id],
+        )
+        row = cur.fetchone()
+    if row and receipts.matches(row[0], parsed.secret_hash):
+        if row[1] == "cancel":
+            raise ReceiptCancelled(field="receipt")
+        if row[1] == op:
+            outcome = load_json(row[2]) or {}
+            return SettleResult(id=parsed.job_id, state=outcome.get("state"), run_at=outcome.get("run_at"), replay=True)
+    raise InvalidReceipt(field="receipt")
+
+
+def _end_lease(conn, lease: dict) -> None:
+    with conn.cursor() as cur:
+        cur.execute(f"DELETE FROM {LEASE} WHERE job_id = %s", [lease["job_id"]])
+
+
+def fail_attempt(
+    conn,
+    lease: dict,
+    *,
+    kind: str,
+    error: str,
+    base_ms: int,
+    delay_ms: int | None = None,
+    permanent: bool = False,
+    settled_op: str,
+) -> dict:
+    """Apply a failed attempt to a job whose lease was just ended by the caller.
+
+    ``kind`` is ``nack``, ``expired`` or ``timeout``. The job becomes dead when
+    ``permanent`` or out of attempts, else queued at ``base_ms`` + (``delay_ms``
+    or the backoff). Records history, last error, settle data and counters.
+    Returns the outcome ``{"state", "run_at"}``.
+    """
+    job = manager(Job).select_related("queue").only(
+        "attempts", "max_attempts", "errors", "queue__backoff_ms", "queue__max_backoff_ms", "queue__id"
+    ).get(seq=lease["job_id"])
+    dead = permanent or job.attempts >= job.max_attempts
+    now = lease["now"]
+    changes = {
+        "changed_at": now,
+        "last_error": error,
+        "errors": append_history(job.errors, history_entry(now, job.attempts, kind, error, lease.get("worker", ""))),
+        "settled_hash": lease["receipt_hash"],
+        "settled_op": settled_op,
+    }
+    if dead:
+        outcome = {"state": "dead", "run_at": None}
+        changes.update(state="dead")
+    else:
+        delay = backoff_ms(policy_of(job.queue), job.attempts) if delay_ms is None else delay_ms
+        run_at = base_ms + delay
+        outcome = {"state": "scheduled" if run_at > now else "ready", "run_at": run_at}
+        changes.update(state="queued", run_at=run_at)
+    changes["settled_outcome"] = outcome
+    manager(Job).filter(seq=lease["job_id"]).update(**changes)
+    totals = {"nack": "nacked", "expired": "expired", "timeout": "timed_out"}
+    add_counters(conn, job.queue.id, **{totals[kind]: 1}, dead=int(dead))
+    return outcome
+
+
+# --- expiry handling ------------------------------------------------------------------------
+
+
+def expire_leases(conn, *, queue_id: int | None = None, limit: int = 1000) -> tuple[int, int, int]:
+    """End up to ``limit`` leases whose deadline has passed (database clock), as failed attempts.
+
+    A lease that reached its job's timeout counts as a timeout, any other as
+    an expiry; both follow the backoff/dead rule of :func:`nack`, with the
+    backoff counted from the lease deadline. Leases locked by a concurrent
+    settle are skipped (that settle decides). Returns ``(expired, timed_out, dead)``.
+    """
+    now = db.now_sql(conn)
+    where = "queue_id = %s AND " if queue_id is not None else ""
+    params = [queue_id] if queue_id is not None else []
+    skip = " FOR UPDATE SKIP LOCKED" if db.is_postgres(conn) else ""
+    with conn.cursor() as cur:
+        cur.execute(
+            f"DELETE FROM {LEASE} WHERE job_id IN (SELECT job_id FROM {LEASE} WHERE {where}deadline <= {now} "
+            f"ORDER BY deadline LIMIT %s{skip}) RETURNING job_id, queue_id, generation, receipt_hash, claimed_at, "
+            f"deadline, timeout_at, worker, {now} AS now",
+            [*params, limit],
+        )
+        ended = fetch_dicts(cur)
+    expired = timed_out = dead = 0
+    for lease in ended:
+        timeout = lease["timeout_at"] is not None and lease["deadline"] >= lease["timeout_at"]
+        kind = "timeout" if timeout else "expired"
+        error = "timeout: the job ran past its timeout_ms" if timeout else "lease expired without ack or nack"
+        outcome = fail_attempt(
+            conn, lease, kind=kind, error=error, base_ms=lease["deadline"], settled_op="expire"
+        )
+        timed_out += timeout
+        expired += not timeout
+        dead += outcome["state"] == "dead"
+    return expired, timed_out, dead

@@ -1,0 +1,126 @@
+"""Queue verbs: configure, policy, queues, delete_queue."""
+
+from __future__ import annotations
+
+from .. import db, validation
+from ..exceptions import InvalidPolicy
+from ..types import STATE_NAMES, QueueInfo, QueuePolicy
+from ._base import (
+    DELTA,
+    JOB,
+    LEASE,
+    POLICY_FIELDS,
+    QUEUE,
+    REPORTED_STATE_SQL,
+    TOKEN,
+    get_or_create_queue,
+    get_queue,
+    policy_of,
+)
+
+DAY = validation.DAY_MS
+#: Bounds of every policy field (SPEC §2), inclusive, in the field's unit.
+POLICY_BOUNDS = {
+    "concurrency": (0, 100_000),
+    "max_attempts": (1, 1000),
+    "backoff_ms": (0, DAY),
+    "max_backoff_ms": (0, 30 * DAY),
+    "visibility_ms": (1, DAY),
+    "idempotency_retention_ms": (1, 30 * DAY),
+    "timeout_ms": (0, 7 * DAY),
+}
+
+
+def configure(queue: str, **changes: int) -> QueuePolicy:
+    """Set policy fields of ``queue``, creating it with defaults if missing.
+
+    ``changes`` are any of ``concurrency`` (0–100000, 0 = unlimited),
+    ``max_attempts`` (1–1000), ``backoff_ms`` (0–86400000),
+    ``max_backoff_ms`` (≥ backoff_ms, ≤ 30 days), ``visibility_ms``
+    (1 ms–24 h), ``idempotency_retention_ms`` (1 ms–30 days), ``timeout_ms``
+    (0–7 days, 0 = none); ``None`` values are ignored. All values are checked
+    before anything is written. Returns the resulting policy.
+
+    Raises :class:`InvalidQueueName`, :class:`InvalidPolicy` (naming the field).
+    """
+    validation.queue_name(queue)
+    unknown = set(changes) - set(POLICY_FIELDS)
+    if unknown:
+        name = sorted(unknown)[0]
+        raise InvalidPolicy(f"unknown policy field: {name}", field=name)
+    changes = {k: v for k, v in changes.items() if v is not None}
+    for name, value in changes.items():
+        lo, hi = POLICY_BOUNDS[name]
+        validation.integer(value, name, lo, hi, InvalidPolicy)
+
+    def apply():
+        q = get_or_create_queue(queue)
+        merged = {**{f: getattr(q, f) for f in POLICY_FIELDS}, **changes}
+        if merged["max_backoff_ms"] < merged["backoff_ms"]:
+            raise InvalidPolicy("max_backoff_ms must be at least backoff_ms", field="max_backoff_ms")
+        if changes:
+            for name, value in changes.items():
+                setattr(q, name, value)
+            q.save(using=db.connection().alias, update_fields=list(changes))
+        return policy_of(q)
+
+    return db.retrying(apply)
+
+
+def policy(queue: str) -> QueuePolicy:
+    """The policy of ``queue``. Raises :class:`QueueNotFound` (and creates nothing) if missing."""
+    return policy_of(get_queue(queue))
+
+
+def queues() -> list[QueueInfo]:
+    """Every queue, by name, with its policy and its job counts per reported state."""
+    from ._base import manager
+    from ..models import Queue
+
+    rows = list(manager(Queue).order_by("name"))
+    counts = _counts_by_queue()
+    return [
+        QueueInfo(name=q.name, policy=policy_of(q), counts=counts.get(q.id, _zero_counts()), created_at=q.created_at)
+        for q in rows
+    ]
+
+
+def counts(queue_id: int) -> dict[str, int]:
+    """Job counts per reported state for one queue (every state name present)."""
+    return _counts_by_queue(queue_id).get(queue_id, _zero_counts())
+
+
+def delete_queue(queue: str) -> None:
+    """Delete ``queue`` with its jobs, leases, idempotency tokens and counters.
+
+    Raises :class:`QueueNotFound` if it does not exist.
+    """
+
+    def apply():
+        conn = db.connection()
+        q = get_queue(queue)
+        with conn.cursor() as cur:
+            for table in (LEASE, TOKEN, DELTA, JOB):
+                cur.execute(f"DELETE FROM {table} WHERE queue_id = %s", [q.id])
+            cur.execute(f"DELETE FROM {QUEUE} WHERE id = %s", [q.id])
+
+    db.retrying(apply)
+
+
+def _zero_counts() -> dict[str, int]:
+    return dict.fromkeys(STATE_NAMES, 0)
+
+
+def _counts_by_queue(queue_id: int | None = None) -> dict[int, dict[str, int]]:
+    conn = db.connection()
+    state = REPORTED_STATE_SQL.format(now=db.now_sql(conn))
+    where, params = ("WHERE j.queue_id = %s", [queue_id]) if queue_id is not None else ("", [])
+    out: dict[int, dict[str, int]] = {}
+    with conn.cursor() as cur:
+        cur.execute(
+            f"SELECT j.queue_id, {state} AS s, COUNT(*) FROM {JOB} j {where} GROUP BY j.queue_id, s",
+            params,
+        )
+        for qid, s, n in cur.fetchall():
+            out.setdefault(qid, _zero_counts())[s] = n
+    return out

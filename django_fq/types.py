@@ -1,0 +1,194 @@
+"""Value types shared by every layer: job states and the frozen results of the API.
+
+All instants are integers of **epoch milliseconds** taken from the database
+clock; all durations are integers of milliseconds.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class JobState(str, enum.Enum):
+    """A job's reported state (SPEC §3).
+
+    ``scheduled`` and ``ready`` are one stored state (``queued``) told apart by
+    comparing ``run_at`` with the database's current time.
+    """
+
+    SCHEDULED = "scheduled"
+    READY = "ready"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:  # pragma: no cover - trivial
+        return self.value
+
+
+STATE_NAMES = tuple(s.value for s in JobState)
+
+#: Names of the per-queue totals reported by ``stats`` (SPEC §6, §9).
+TOTAL_NAMES = (
+    "enqueued",
+    "deduplicated",
+    "claimed",
+    "acked",
+    "nacked",
+    "released",
+    "expired",
+    "timed_out",
+    "retried",
+    "cancelled",
+    "dead",
+)
+#: Names of the time sums and counts reported by ``stats`` (milliseconds).
+TIMING_NAMES = ("wait_ms_sum", "wait_count", "run_ms_sum", "run_count")
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """A queue's policy (SPEC §2). Durations in milliseconds."""
+
+    concurrency: int = 0
+    max_attempts: int = 25
+    backoff_ms: int = 1000
+    max_backoff_ms: int = 3_600_000
+    visibility_ms: int = 30_000
+    idempotency_retention_ms: int = 300_000
+    timeout_ms: int = 0
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    """A queue as listed by ``queues()``: its name, policy and counts per state."""
+
+    name: str
+    policy: QueuePolicy
+    counts: dict[str, int]
+    created_at: int
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    """Outcome of one enqueue: the job id and whether this call created it.
+
+    ``created`` is False when an idempotency token or unique key coalesced the
+    call onto an existing job, whose id is then returned.
+    """
+
+    id: str
+    created: bool
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """One job handed out by ``claim``.
+
+    ``receipt`` is the capability that settles this lease (ack/nack/release/
+    extend). It is left out of ``repr`` so it never lands in logs.
+    """
+
+    id: str
+    queue: str
+    payload: Any
+    receipt: str = field(repr=False)
+    deadline: int
+    attempts: int
+    max_attempts: int
+    priority: int
+    enqueued_at: int
+    claimed_at: int
+
+
+@dataclass(frozen=True)
+class SettleResult:
+    """Outcome of ack / nack / release.
+
+    ``state`` is the job's state right after the settle; ``run_at`` is when it
+    becomes eligible again (nack/release into the queue) or ``None``.
+    ``replay`` is True when this call repeated an already-recorded settle with
+    the same receipt and therefore changed nothing (SPEC §9).
+    """
+
+    id: str
+    state: str
+    run_at: int | None = None
+    replay: bool = False
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A job's metadata, as returned by ``get`` (with payload) and ``jobs`` (without).
+
+    Never carries a receipt. ``lease_deadline`` is set while the job runs.
+    ``errors`` is the history of failed attempts, newest last, each entry
+    ``{"at", "attempt", "kind", "error", "worker"}``.
+    """
+
+    id: str
+    queue: str
+    state: str
+    priority: int
+    run_at: int
+    enqueued_at: int
+    changed_at: int
+    attempts: int
+    max_attempts: int
+    timeout_ms: int
+    unique_key: str | None
+    idempotency: str | None
+    last_error: str
+    claimed_at: int | None
+    finished_at: int | None
+    lease_deadline: int | None
+    worker: str
+    payload: Any = None
+    result: Any = None
+    errors: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """One page of ``jobs``: the jobs and the opaque cursor of the next page (None at the end)."""
+
+    jobs: list[JobInfo]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Counts per state, totals and observed times of one queue (SPEC §6).
+
+    ``counts`` is keyed by every :class:`JobState` value; ``totals`` by
+    :data:`TOTAL_NAMES`; the ``*_ms_sum`` / ``*_count`` pairs measure wait time
+    (claim − max(enqueued_at, run_at)) and run time (ack − claim), in ms.
+    """
+
+    queue: str
+    counts: dict[str, int]
+    totals: dict[str, int]
+    wait_ms_sum: int
+    wait_count: int
+    run_ms_sum: int
+    run_count: int
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    """What one reaper pass did: leases expired (by visibility / by timeout) and jobs made dead."""
+
+    expired: int = 0
+    timed_out: int = 0
+    dead: int = 0
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What one prune pass removed: finished jobs and expired idempotency tokens."""
+
+    jobs: int = 0
+    tokens: int = 0

@@ -1,0 +1,198 @@
+"""Pure input checks shared by every interface. No database access here.
+
+Each check raises a subclass of :class:`~django_fq.exceptions.InvalidArgument`
+naming the offending field, before anything is written.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+
+from django.conf import settings
+from django.utils import timezone
+
+from . import conf
+from .exceptions import (
+    CountOutOfRange,
+    DelayAndAt,
+    InvalidArgument,
+    InvalidDelay,
+    InvalidJson,
+    InvalidQueueName,
+    InvalidTime,
+    PayloadTooLarge,
+    VisibilityOutOfRange,
+)
+
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9:._-]{1,200}$")
+
+SECOND_MS = 1000
+HOUR_MS = 3600 * SECOND_MS
+DAY_MS = 24 * HOUR_MS
+#: Longest enqueue delay, and furthest ``at`` from now: 10 years (SPEC §9).
+MAX_DELAY_MS = 3653 * DAY_MS
+#: Longest nack delay: 30 days (SPEC §9).
+MAX_NACK_DELAY_MS = 30 * DAY_MS
+#: Visibility bounds for claims and extensions: 1 ms – 24 h (SPEC §5).
+MIN_VISIBILITY_MS, MAX_VISIBILITY_MS = 1, 24 * HOUR_MS
+#: Claim count bounds (SPEC §5).
+MAX_CLAIM_COUNT = 1000
+#: Longest long-poll wait of a claim (SPEC §5).
+MAX_WAIT_MS = 20_000
+#: Job listing page size: default and max (SPEC §9).
+DEFAULT_PAGE, MAX_PAGE = 20, 1000
+#: Priority is a 32-bit signed integer (SPEC §9).
+MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
+#: Longest idempotency token / unique key, in characters.
+MAX_KEY_LENGTH = 255
+#: Each error entry is capped at 64 KiB of text (SPEC §9).
+MAX_ERROR_BYTES = 64 * 1024
+
+
+def queue_name(name: object) -> str:
+    """Return ``name`` if it is a valid queue name (1–200 of ``[A-Za-z0-9:._-]``)."""
+    if not isinstance(name, str) or not QUEUE_NAME.match(name):
+        raise InvalidQueueName(field="queue")
+    return name
+
+
+def integer(value: object, field: str, lo: int, hi: int, exc: type[InvalidArgument] = InvalidArgument) -> int:
+    """Return ``value`` if it is an int (not a bool) within ``lo..hi`` inclusive."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise exc(f"{field} must be an integer", field=field)
+    if not lo <= value <= hi:
+        raise exc(f"{field} must be between {lo} and {hi}", field=field)
+    return value
+
+
+def count(value: object, field: str = "count") -> int:
+    """A claim count: 1–1000."""
+    return integer(value, field, 1, MAX_CLAIM_COUNT, CountOutOfRange)
+
+
+def visibility(value: object, field: str = "visibility_ms") -> int:
+    """A lease length in ms: 1 ms – 24 h."""
+    return integer(value, field, MIN_VISIBILITY_MS, MAX_VISIBILITY_MS, VisibilityOutOfRange)
+
+
+def key(value: object, field: str) -> str | None:
+    """An idempotency token or unique key: ``None`` or 1–255 characters without NUL."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_KEY_LENGTH or "\x00" in value:
+        raise InvalidArgument(f"{field} must be a string of 1-{MAX_KEY_LENGTH} characters", field=field)
+    _check_text(value, field)
+    return value
+
+
+def epoch_ms(value: object, field: str = "at") -> int:
+    """An instant as epoch milliseconds, from an int of epoch ms or an aware datetime.
+
+    A naive datetime is rejected when ``USE_TZ`` is on (it names no instant);
+    with ``USE_TZ`` off it is read in the current time zone.
+    """
+    if isinstance(value, dt.datetime):
+        if timezone.is_naive(value):
+            if settings.USE_TZ:
+                raise InvalidTime(f"{field} must be timezone-aware (USE_TZ is on)", field=field)
+            value = timezone.make_aware(value)
+        delta = value - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+        return delta // dt.timedelta(milliseconds=1)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidTime(f"{field} must be epoch milliseconds or an aware datetime", field=field)
+    if value < 0:
+        raise InvalidTime(f"{field} must not be before 1970", field=field)
+    return value
+
+
+def schedule(delay_ms: object, at: object) -> tuple[int | None, int | None]:
+    """Validate the pair (``delay_ms``, ``at``): at most one, delay 0 – 10 years."""
+    if delay_ms is not None and at is not None:
+        raise DelayAndAt(field="delay_ms")
+    if delay_ms is not None:
+        return integer(delay_ms, "delay_ms", 0, MAX_DELAY_MS, InvalidDelay), None
+    if at is not None:
+        return None, epoch_ms(at, "at")
+    return None, None
+
+
+def json_text(value: object, field: str = "payload", limit: int | None = None) -> tuple[str, int]:
+    """Encode ``value`` as compact UTF-8 JSON; return ``(text, size_in_bytes)``.
+
+    Rejects what no backend can store alike: NaN/Infinity, NUL characters, lone
+    surrogates, non-JSON types, nesting too deep. ``limit`` defaults to
+    ``FQ_MAX_PAYLOAD_BYTES``; a larger encoding raises :class:`PayloadTooLarge`.
+    """
+    limit = conf.max_payload_bytes() if limit is None else limit
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidJson(f"{field} is not valid JSON: {exc}", field=field) from None
+    except RecursionError:
+        raise InvalidJson(f"{field} is nested too deeply", field=field) from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidJson(f"{field} contains a lone surrogate", field=field) from None
+    if size > limit:
+        raise PayloadTooLarge(f"{field} is {size} bytes; the limit is {limit}", field=field, limit=limit, size=size)
+    if "\\u0000" in text and _has_nul(value):
+        raise InvalidJson(f"{field} contains a NUL character", field=field)
+    return text, size
+
+
+def parse_json(text: str, field: str = "payload", limit: int | None = None) -> tuple[object, str, int]:
+    """Parse a JSON document given as text (CLI, REST) and re-encode it compactly.
+
+    Returns ``(value, compact_text, size)``; errors as :func:`json_text`.
+    """
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidJson(f"{field} is not valid JSON: {exc}", field=field) from None
+    compact, size = json_text(value, field, limit)
+    return value, compact, size
+
+
+def error_text(value: object, field: str = "error") -> str:
+    """An error message: ``None`` → ``""``; text cut to 64 KiB of UTF-8 (lone surrogates replaced)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{field} must be a string", field=field)
+    data = value.replace("\x00", "\\0").encode("utf-8", "replace")
+    if len(data) > MAX_ERROR_BYTES:
+        data = data[: MAX_ERROR_BYTES - 16]
+        return data.decode("utf-8", "ignore") + "\n…[truncated]"
+    return data.decode("utf-8")
+
+
+def _check_text(value: str, field: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{field} contains a lone surrogate", field=field) from None
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not allowed")
+
+
+def _has_nul(value: object) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if "\x00" in v:
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, float) and not math.isfinite(v):  # pragma: no cover - caught by allow_nan
+            return True
+    return False

@@ -1,0 +1,53 @@
+"""Test settings. ``FQ_TEST_DB=sqlite`` (default) or ``postgres`` picks the database.
+
+PostgreSQL: 127.0.0.1:5432, user ``postgres`` (override with ``FQ_TEST_PG_*``).
+SQLite: a file database in WAL mode (several processes must share it in the
+concurrency tests; ``:memory:`` cannot).
+"""
+
+import os
+import tempfile
+
+DB = os.environ.get("FQ_TEST_DB", "sqlite")
+SECRET_KEY = "tests-only-not-secret"
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEBUG = False
+ALLOWED_HOSTS = ["*"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django_fq",
+    "tests.testapp",
+]
+
+if DB == "postgres":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": os.environ.get("FQ_TEST_PG_NAME", "fq"),
+            "USER": os.environ.get("FQ_TEST_PG_USER", "postgres"),
+            "HOST": os.environ.get("FQ_TEST_PG_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("FQ_TEST_PG_PORT", "5432"),
+            "TEST": {"NAME": os.environ.get("FQ_TEST_PG_TEST_NAME", "test_fq")},
+        }
+    }
+else:
+    _dir = os.environ.get("FQ_TEST_SQLITE_DIR") or tempfile.gettempdir()
+    _name = os.path.join(_dir, f"fq-test-{os.getpid()}.sqlite3")
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": _name,
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+            "TEST": {"NAME": _name},
+        }
+    }
+
+LOGGING_CONFIG = None

@@ -1,0 +1,10 @@
+"""Tables the tests' handlers write into."""
+
+from django.db import models
+
+
+class Done(models.Model):
+    """One row per job a test handler ran to completion (UNIQUE: a second run fails loudly)."""
+
+    job_id = models.CharField(max_length=32, unique=True)
+    pid = models.IntegerField(default=0)
