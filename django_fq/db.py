@@ -20,8 +20,10 @@ from . import conf
 NOTIFY_CHANNEL = "django_fq"
 
 _PG_NOW = "FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint"
-# strftime('%f') is "SS.SSS": seconds since the epoch * 1000 + the millisecond digits.
-_SQLITE_NOW = "(CAST(strftime('%s','now') AS INTEGER) * 1000 + CAST(substr(strftime('%f','now'), 4, 3) AS INTEGER))"
+# SQLite keeps 'now' as whole milliseconds of the Julian day; julianday() returns
+# that over 86400000.0, so rounding recovers the exact millisecond. (No '%' in the
+# text: Django rewrites '%s' into a placeholder in statements with parameters.)
+_SQLITE_NOW = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000) AS INTEGER)"
 
 
 def connection():
@@ -74,6 +76,8 @@ def write_atomic():
     """
     conn = connection()
     if conn.vendor == "sqlite" and not conn.in_atomic_block:
+        # Connect first: connecting re-reads transaction_mode from the settings.
+        conn.ensure_connection()
         saved = getattr(conn, "transaction_mode", None)
         conn.transaction_mode = "IMMEDIATE"
         try:

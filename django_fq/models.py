@@ -12,8 +12,8 @@ Design notes (see ``docs/explanation/design.md``):
   ``dead``/``cancelled``; ``scheduled`` vs ``ready`` is derived from ``run_at``.
 * ``Job.seq`` (auto-increment) is the internal key and the FIFO order; the
   public id is ``Job.uid``, 32 hex characters of a random 128-bit value.
-* Counters are never a hot row: every operation *inserts* a
-  :class:`CounterDelta`; the reaper folds deltas into the queue row.
+* Counters are never a hot row: they are spread over :class:`QueueCounter`
+  shards that writers pick without waiting for each other.
 """
 
 from __future__ import annotations
@@ -56,13 +56,17 @@ class CounterFields(models.Model):
     wait_count = models.BigIntegerField(default=0, db_default=0)
     run_ms_sum = models.BigIntegerField(default=0, db_default=0)
     run_count = models.BigIntegerField(default=0, db_default=0)
+    # Not reported as totals: running sums that make the queue-full checks
+    # O(1) instead of a count over up to a million rows.
+    active = models.BigIntegerField(default=0, db_default=0, help_text="scheduled + ready + running jobs")
+    token_rows = models.BigIntegerField(default=0, db_default=0, help_text="idempotency token rows")
 
     class Meta:
         abstract = True
 
 
-class Queue(CounterFields):
-    """A named queue: its policy (SPEC §2) and its folded counters."""
+class Queue(models.Model):
+    """A named queue and its policy (SPEC §2). Its counters live in :class:`QueueCounter` rows."""
 
     name = models.CharField(max_length=200, unique=True)
     concurrency = models.IntegerField(default=0)
@@ -201,10 +205,16 @@ class IdempotencyToken(models.Model):
         return self.token
 
 
-class CounterDelta(CounterFields):
-    """An insert-only increment of a queue's totals, folded into :class:`Queue` by the reaper."""
+class QueueCounter(CounterFields):
+    """One shard of a queue's counters; a queue's value is the sum over its shards.
+
+    Every operation adds to one shard it can lock without waiting (PostgreSQL
+    ``SKIP LOCKED``) and inserts a new shard when all are busy, so counters never
+    serialize the queue, not even behind a caller's long transaction. The
+    reaper merges shards back (:func:`services.maintenance.compact_counters`).
+    """
 
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+")
 
     class Meta:
-        db_table = "django_fq_counter_delta"
+        db_table = "django_fq_counter"

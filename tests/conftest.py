@@ -34,3 +34,15 @@ def clock(settings):
 @pytest.fixture
 def vendor():
     return connection.vendor
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _stop_wakeup_listeners(django_db_setup):
+    """The wakeup listener holds a connection to the test database: close it before the DB is dropped.
+
+    Depending on ``django_db_setup`` makes this teardown run before the test database is destroyed.
+    """
+    yield
+    from django_fq import wakeup
+
+    wakeup.shutdown_all()

@@ -11,16 +11,19 @@ from django.db import IntegrityError, transaction
 
 from .. import conf, db, validation
 from ..exceptions import QueueNotFound
-from ..models import CounterDelta, IdempotencyToken, Job, Lease, Queue
-from ..types import QueuePolicy
+from ..models import IdempotencyToken, Job, Lease, Queue, QueueCounter
+from ..types import TIMING_NAMES, TOTAL_NAMES, QueuePolicy
 
 JOB = Job._meta.db_table
 LEASE = Lease._meta.db_table
 QUEUE = Queue._meta.db_table
 TOKEN = IdempotencyToken._meta.db_table
-DELTA = CounterDelta._meta.db_table
+COUNTER = QueueCounter._meta.db_table
 
 POLICY_FIELDS = tuple(QueuePolicy.__dataclass_fields__)
+#: Every counter column of QueueCounter: the reported totals and timings,
+#: plus ``active`` (scheduled+ready+running jobs) and ``token_rows``.
+COUNTER_NAMES = TOTAL_NAMES + TIMING_NAMES + ("active", "token_rows")
 
 #: Stored state → reported state, as SQL over a job row aliased ``j`` (SPEC §9 "Time").
 REPORTED_STATE_SQL = (
@@ -64,21 +67,35 @@ def policy_of(q: Queue) -> QueuePolicy:
 
 
 def add_counters(conn, queue_id: int, **deltas: int) -> None:
-    """Record increments of a queue's totals by inserting one :class:`CounterDelta` row.
+    """Add ``deltas`` (counter name → increment) to the queue's counters.
 
-    Insert-only, so concurrent operations never wait on each other here; the
-    reaper folds the rows into the queue (:func:`maintenance.fold_counters`).
+    Adds to one :class:`QueueCounter` shard that no other transaction holds
+    (PostgreSQL ``FOR UPDATE SKIP LOCKED``), or inserts a new shard when every
+    shard is busy, so this never waits for another transaction.
     """
     deltas = {k: v for k, v in deltas.items() if v}
     if not deltas:
         return
-    cols = ", ".join(deltas)
-    marks = ", ".join(["%s"] * len(deltas))
+    sets = ", ".join(f"{k} = {k} + %s" for k in deltas)
+    skip = " FOR UPDATE SKIP LOCKED" if conn.vendor == "postgresql" else ""
     with conn.cursor() as cur:
         cur.execute(
-            f"INSERT INTO {DELTA} (queue_id, {cols}) VALUES (%s, {marks})",
-            [queue_id, *deltas.values()],
+            f"UPDATE {COUNTER} SET {sets} WHERE id = (SELECT id FROM {COUNTER} WHERE queue_id = %s LIMIT 1{skip})",
+            [*deltas.values(), queue_id],
         )
+        if cur.rowcount == 0:
+            cols = ", ".join(deltas)
+            marks = ", ".join(["%s"] * len(deltas))
+            cur.execute(f"INSERT INTO {COUNTER} (queue_id, {cols}) VALUES (%s, {marks})", [queue_id, *deltas.values()])
+
+
+def counter_sums(conn, queue_id: int, names=COUNTER_NAMES) -> dict[str, int]:
+    """The queue's counters ``names``: sums over its shards (one statement, one snapshot)."""
+    cols = ", ".join(f"COALESCE(SUM({n}), 0)" for n in names)
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT {cols} FROM {COUNTER} WHERE queue_id = %s", [queue_id])
+        row = cur.fetchone()
+    return {n: int(v) for n, v in zip(names, row)}
 
 
 def history_entry(at: int, attempt: int, kind: str, error: str, worker: str = "") -> dict:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .. import conf, db, validation
 from ..exceptions import InvalidArgument, InvalidTime, QueueFull
 from ..types import EnqueueResult
-from ._base import JOB, TOKEN, add_counters, get_or_create_queue, policy_of
+from ._base import JOB, TOKEN, add_counters, get_or_create_queue, policy_of, counter_sums
 from .queues import POLICY_BOUNDS
 
 #: Keys an enqueue envelope may carry (the REST body and ``enqueue_many`` items).
@@ -240,7 +240,7 @@ def _write_batch(queue: str, items: list[_Item]) -> list[EnqueueResult]:
             cur.execute(f"UPDATE {TOKEN} SET job_uid = %s WHERE queue_id = %s AND token = %s", [target, q.id, token])
 
     n_created = sum(1 for r in results if r.created)
-    add_counters(conn, q.id, enqueued=n_created, deduplicated=len(items) - n_created)
+    add_counters(conn, q.id, enqueued=n_created, deduplicated=len(items) - n_created, active=n_created)
     if n_created:
         db.notify(conn, queue)
     return results
@@ -260,6 +260,10 @@ def _claim_tokens(conn, now, queue_id, pol, items, uids, first_by_token) -> dict
     if not first_by_token:
         return {}
     tokens = sorted(first_by_token)  # a fixed order: concurrent batches cannot deadlock
+    marks = ", ".join(["%s"] * len(tokens))
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT token FROM {TOKEN} WHERE queue_id = %s AND token IN ({marks})", [queue_id, *tokens])
+        existing = {r[0] for r in cur.fetchall()}
     rows, params = [], []
     for token in tokens:
         it = items[first_by_token[token]]
@@ -275,16 +279,14 @@ def _claim_tokens(conn, now, queue_id, pol, items, uids, first_by_token) -> dict
             params,
         )
         owned = {r[0] for r in cur.fetchall()}
-        if owned:
+        added = len(owned - existing)
+        if added:
             limit = int(conf.get("FQ_MAX_TOKENS_PER_QUEUE"))
-            cur.execute(
-                f"SELECT COUNT(*) FROM (SELECT 1 FROM {TOKEN} WHERE queue_id = %s AND expires_at > {now} LIMIT %s) t",
-                [queue_id, limit + 1],
-            )
-            if cur.fetchone()[0] > limit:
+            if counter_sums(conn, queue_id, ("token_rows",))["token_rows"] + added > limit:
                 raise QueueFull(
-                    f"queue full: {limit} live idempotency tokens (FQ_MAX_TOKENS_PER_QUEUE)", field="idempotency"
+                    f"queue full: {limit} idempotency tokens (FQ_MAX_TOKENS_PER_QUEUE)", field="idempotency"
                 )
+            add_counters(conn, queue_id, token_rows=added)
         others = [t for t in tokens if t not in owned]
         if not others:
             return {}
@@ -311,13 +313,7 @@ def _active_keys(conn, queue_id: int, keys: set) -> dict[str, str]:
 def _check_capacity(conn, queue_id: int, adding: int) -> None:
     """Raise :class:`QueueFull` if ``adding`` jobs would pass ``FQ_MAX_JOBS_PER_QUEUE`` active jobs."""
     limit = int(conf.get("FQ_MAX_JOBS_PER_QUEUE"))
-    with conn.cursor() as cur:
-        cur.execute(
-            f"SELECT COUNT(*) FROM (SELECT 1 FROM {JOB} WHERE queue_id = %s AND state IN ('queued', 'running') "
-            f"LIMIT %s) t",
-            [queue_id, limit],
-        )
-        active = cur.fetchone()[0]
+    active = counter_sums(conn, queue_id, ("active",))["active"]
     if active + adding > limit:
         raise QueueFull(f"queue full: {active} of {limit} jobs active (FQ_MAX_JOBS_PER_QUEUE)", field="queue")
 

@@ -9,13 +9,12 @@ import time
 
 from django.db import IntegrityError, transaction
 from django.db.models import Case, F, Q, Value, When
-from django.db.models.functions import Coalesce
 
 from .. import db, validation
 from ..exceptions import InvalidArgument, InvalidCursor, InvalidState, JobNotFound, WaitTimeout
-from ..models import CounterDelta, Job, Lease
+from ..models import Job, Lease
 from ..types import STATE_NAMES, TIMING_NAMES, TOTAL_NAMES, JobInfo, JobPage, JobState, QueueStats
-from ._base import add_counters, append_history, get_queue, history_entry, load_json, manager
+from ._base import add_counters, counter_sums, append_history, get_queue, history_entry, load_json, manager
 from .queues import counts
 
 FINAL_STATES = frozenset({"succeeded", "dead", "cancelled"})
@@ -163,15 +162,11 @@ def _decode_cursor(cursor: object, state, width: int) -> list:
 def stats(queue: str) -> QueueStats:
     """Counts per state, totals and observed wait/run times (sums and counts, ms) of ``queue``.
 
-    Totals are the queue's folded counters plus the deltas not yet folded.
+    Totals are sums over the queue's counter shards.
     Raises :class:`QueueNotFound`.
     """
-    from django.db.models import Sum
-
     q = get_queue(queue)
-    names = TOTAL_NAMES + TIMING_NAMES
-    pending = manager(CounterDelta).filter(queue_id=q.id).aggregate(**{n: Coalesce(Sum(n), 0) for n in names})
-    values = {n: getattr(q, n) + pending[n] for n in names}
+    values = counter_sums(db.connection(), q.id)
     return QueueStats(
         queue=queue,
         counts=counts(q.id),
@@ -192,7 +187,8 @@ def retry(queue: str, job_id: str) -> JobInfo:
         conn = db.connection()
         job = _lock_job(q.id, job_id)
         if job.state != "dead":
-            raise InvalidState(f"only dead jobs can be retried; this job is {job.state}", field="job_id", state=job.state)
+            state = _job_rows(q.id).filter(seq=job.seq).values_list("reported", flat=True).get()
+            raise InvalidState(f"only dead jobs can be retried; this job is {state}", field="job_id", state=state)
         try:
             with transaction.atomic(using=conn.alias):
                 manager(Job).filter(seq=job.seq).update(
@@ -204,7 +200,7 @@ def retry(queue: str, job_id: str) -> JobInfo:
             raise InvalidState(
                 f"unique_key {job.unique_key!r} is held by active job {other}", field="job_id", holder=other
             ) from None
-        add_counters(conn, q.id, retried=1)
+        add_counters(conn, q.id, retried=1, active=1)
         db.notify(conn, queue)
 
     db.retrying(apply)
@@ -244,7 +240,7 @@ def cancel(queue: str, job_id: str) -> JobInfo:
             errors=append_history(job.errors, history_entry(now, job.attempts, "cancel", "cancelled", job.worker)),
             **changes,
         )
-        add_counters(conn, q.id, cancelled=1)
+        add_counters(conn, q.id, cancelled=1, active=-int(job.state in ("queued", "running")))
 
     db.retrying(apply)
     return get(queue, job_id)

@@ -8,9 +8,11 @@ them wins a lease: the one that deletes the lease row.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 
-from .. import db, receipts, validation
+from .. import db, receipts, validation, wakeup
 from ..conf import CLAIM_PAYLOAD_CAP_BYTES
 from ..exceptions import InvalidReceipt, QueueNotFound, ReceiptCancelled
 from ..models import Job
@@ -30,8 +32,8 @@ from ._base import (
     policy_of,
 )
 
-#: Poll interval of a long-poll claim (``wait_ms``) between attempts, in seconds.
-LONG_POLL_INTERVAL_S = 0.05
+#: Longest pause of a long-poll claim (``wait_ms``) between attempts, in seconds.
+LONG_POLL_INTERVAL_S = 0.1
 #: Expired leases a claim handles for its own queue before it claims.
 CLAIM_REAP_BATCH = 100
 
@@ -75,11 +77,14 @@ def claim(
     vis = visibility_ms or q.visibility_ms
     give_up = time.monotonic() + wait_ms / 1000
     while True:
+        mark = wakeup.listener().mark() if wait_ms else None
         jobs = db.retrying(_claim_once, q.id, queue, count, vis, str(worker)[:200])
         remaining = give_up - time.monotonic()
         if jobs or remaining <= 0:
             return jobs
-        time.sleep(min(LONG_POLL_INTERVAL_S, remaining))
+        # Woken at once by an enqueue's NOTIFY on PostgreSQL; the short poll
+        # also catches delayed jobs becoming eligible, and is all SQLite has.
+        wakeup.listener().wait(mark, {queue}, min(LONG_POLL_INTERVAL_S, remaining))
 
 
 def _claim_once(queue_id: int, queue: str, count: int, vis: int, worker: str) -> list[ClaimedJob]:
@@ -190,10 +195,11 @@ def ack(queue: str, receipt: str, *, result=None) -> SettleResult:
     """
     text = None if result is None else validation.json_text(result, "result")[0]
     q = get_queue(queue)
+    args = settle_digest("ack", text)
 
     def apply():
         conn = db.connection()
-        lease = _locked_lease(conn, q.id, receipt, "ack")
+        lease = _locked_lease(conn, q.id, receipt, "ack", args)
         if isinstance(lease, SettleResult):
             return lease
         now = lease["now"]
@@ -206,9 +212,9 @@ def ack(queue: str, receipt: str, *, result=None) -> SettleResult:
             changed_at=now,
             settled_hash=lease["receipt_hash"],
             settled_op="ack",
-            settled_outcome=outcome,
+            settled_outcome={**outcome, "args": args},
         )
-        add_counters(conn, q.id, acked=1, run_ms_sum=max(0, now - lease["claimed_at"]), run_count=1)
+        add_counters(conn, q.id, acked=1, active=-1, run_ms_sum=max(0, now - lease["claimed_at"]), run_count=1)
         return SettleResult(id=lease["uid"], **outcome)
 
     return db.retrying(apply)
@@ -236,10 +242,11 @@ def nack(
         validation.integer(delay_ms, "delay_ms", 0, validation.MAX_NACK_DELAY_MS, validation.InvalidDelay)
     message = validation.error_text(error)
     q = get_queue(queue)
+    args = settle_digest("nack", delay_ms, message, bool(permanent))
 
     def apply():
         conn = db.connection()
-        lease = _locked_lease(conn, q.id, receipt, "nack")
+        lease = _locked_lease(conn, q.id, receipt, "nack", args)
         if isinstance(lease, SettleResult):
             return lease
         _end_lease(conn, lease)
@@ -252,6 +259,7 @@ def nack(
             delay_ms=delay_ms,
             permanent=permanent,
             settled_op="nack",
+            settled_args=args,
         )
         return SettleResult(id=lease["uid"], **outcome)
 
@@ -267,10 +275,11 @@ def release(queue: str, receipt: str, *, error: str | None = None) -> SettleResu
     """
     message = validation.error_text(error) or "released"
     q = get_queue(queue)
+    args = settle_digest("release", message)
 
     def apply():
         conn = db.connection()
-        lease = _locked_lease(conn, q.id, receipt, "release")
+        lease = _locked_lease(conn, q.id, receipt, "release", args)
         if isinstance(lease, SettleResult):
             return lease
         now = lease["now"]
@@ -286,7 +295,7 @@ def release(queue: str, receipt: str, *, error: str | None = None) -> SettleResu
             errors=append_history(job.errors, history_entry(now, job.attempts, "release", message, lease["worker"])),
             settled_hash=lease["receipt_hash"],
             settled_op="release",
-            settled_outcome=outcome,
+            settled_outcome={**outcome, "args": args},
         )
         add_counters(conn, q.id, released=1)
         db.notify(conn, queue)
@@ -317,12 +326,12 @@ def extend(queue: str, receipt: str, *, visibility_ms: int) -> int:
     return db.retrying(apply)
 
 
-def _locked_lease(conn, queue_id: int, receipt: str, op: str):
+def _locked_lease(conn, queue_id: int, receipt: str, op: str, args: str | None = None):
     """Find and lock the live lease ``receipt`` names, or answer a replay, or raise.
 
     Returns the lease row (with ``now``: the database time of the check), or
-    a :class:`SettleResult` flagged ``replay`` when ``op`` repeats the recorded
-    settle of this very receipt.
+    a :class:`SettleResult` flagged ``replay`` when ``op`` with the same
+    arguments (digest ``args``) repeats the recorded settle of this receipt.
     """
     parsed = receipts.parse(receipt)
     if parsed is None:
@@ -343,10 +352,16 @@ def _locked_lease(conn, queue_id: int, receipt: str, op: str):
             if not lease["live"]:
                 raise InvalidReceipt("invalid or expired receipt: the lease has expired", field="receipt")
             return lease
-    return _replay_or_raise(conn, queue_id, parsed, op)
+    return _replay_or_raise(conn, queue_id, parsed, op, args)
 
 
-def _replay_or_raise(conn, queue_id: int, parsed, op: str) -> SettleResult:
+def settle_digest(op: str, *args) -> str:
+    """A short digest of a settle's operation and arguments, to recognise an exact repeat."""
+    raw = json.dumps([op, *args], separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(raw.encode("utf-8", "replace")).hexdigest()[:32]
+
+
+def _replay_or_raise(conn, queue_id: int, parsed, op: str, args: str | None) -> SettleResult:
     with conn.cursor() as cur:
         cur.execute(
             f"SELECT settled_hash, settled_op, settled_outcome FROM {JOB} WHERE uid = %s AND queue_id = %s",
@@ -356,8 +371,8 @@ def _replay_or_raise(conn, queue_id: int, parsed, op: str) -> SettleResult:
     if row and receipts.matches(row[0], parsed.secret_hash):
         if row[1] == "cancel":
             raise ReceiptCancelled(field="receipt")
-        if row[1] == op:
-            outcome = load_json(row[2]) or {}
+        outcome = load_json(row[2]) or {}
+        if row[1] == op and args is not None and outcome.get("args") == args:
             return SettleResult(id=parsed.job_id, state=outcome.get("state"), run_at=outcome.get("run_at"), replay=True)
     raise InvalidReceipt(field="receipt")
 
@@ -377,6 +392,7 @@ def fail_attempt(
     delay_ms: int | None = None,
     permanent: bool = False,
     settled_op: str,
+    settled_args: str | None = None,
 ) -> dict:
     """Apply a failed attempt to a job whose lease was just ended by the caller.
 
@@ -405,10 +421,10 @@ def fail_attempt(
         run_at = base_ms + delay
         outcome = {"state": "scheduled" if run_at > now else "ready", "run_at": run_at}
         changes.update(state="queued", run_at=run_at)
-    changes["settled_outcome"] = outcome
+    changes["settled_outcome"] = {**outcome, "args": settled_args}
     manager(Job).filter(seq=lease["job_id"]).update(**changes)
     totals = {"nack": "nacked", "expired": "expired", "timeout": "timed_out"}
-    add_counters(conn, job.queue.id, **{totals[kind]: 1}, dead=int(dead))
+    add_counters(conn, job.queue.id, **{totals[kind]: 1}, dead=int(dead), active=-int(dead))
     return outcome
 
 

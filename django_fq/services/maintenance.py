@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from django.db.models import Sum
-
-from .. import conf, db
-from ..models import CounterDelta, Queue
-from ..types import TIMING_NAMES, TOTAL_NAMES, PruneResult, ReapResult
-from ._base import JOB, TOKEN, get_queue, manager
+from .. import conf, db, validation
+from ..types import PruneResult, ReapResult
+from ._base import COUNTER, COUNTER_NAMES, JOB, TOKEN, add_counters, get_queue
 from .leases import expire_leases
 
 #: Rows handled per transaction by reap and prune, so no pass holds locks for long.
@@ -20,9 +17,11 @@ def reap(queue: str | None = None, *, limit: int = 10_000) -> ReapResult:
     Each becomes ready/scheduled again after its backoff (counted from the
     deadline) or dead when out of attempts; a lease past the job's timeout is
     recorded as a timeout. ``queue`` limits the pass to one queue; ``limit``
-    caps the leases handled in this call (in transactions of 1000).
+    caps the leases handled in this call (in transactions of 1000). A pass
+    over all queues also merges counter shards (:func:`fold_counters`).
     Raises :class:`QueueNotFound` for an unknown ``queue``.
     """
+    validation.integer(limit, "limit", 1, 10**9)
     queue_id = get_queue(queue).id if queue is not None else None
     expired = timed_out = dead = 0
     while expired + timed_out < limit:
@@ -31,6 +30,8 @@ def reap(queue: str | None = None, *, limit: int = 10_000) -> ReapResult:
         expired, timed_out, dead = expired + e, timed_out + t, dead + d
         if e + t < step:
             break
+    if queue_id is None:
+        fold_counters()
     return ReapResult(expired=expired, timed_out=timed_out, dead=dead)
 
 
@@ -40,9 +41,11 @@ def prune(*, retention_ms: int | None = None, limit: int = 100_000) -> PruneResu
     ``retention_ms`` defaults to ``FQ_FINISHED_RETENTION_MS`` (7 days). Dead
     jobs are kept until retried, cancelled or their queue is deleted. Deletes
     in batches of 1000, at most ``limit`` rows of each kind per call. Also
-    folds counter deltas (:func:`fold_counters`).
+    merges counter shards (:func:`fold_counters`).
     """
     retention = conf.get("FQ_FINISHED_RETENTION_MS") if retention_ms is None else retention_ms
+    validation.integer(retention, "retention_ms", 0, 10 * 3653 * validation.DAY_MS)
+    validation.integer(limit, "limit", 1, 10**9)
     conn = db.connection()
     now = db.now_sql(conn)
     lock = " FOR UPDATE SKIP LOCKED" if db.is_postgres(conn) else ""
@@ -65,9 +68,22 @@ def prune(*, retention_ms: int | None = None, limit: int = 100_000) -> PruneResu
         jobs += n
         if n < BATCH:
             break
-    token_sql = f"DELETE FROM {TOKEN} WHERE id IN (SELECT id FROM {TOKEN} WHERE expires_at <= {now} LIMIT %s{lock})"
+    token_sql = (
+        f"DELETE FROM {TOKEN} WHERE id IN (SELECT id FROM {TOKEN} WHERE expires_at <= {now} LIMIT %s{lock}) "
+        f"RETURNING queue_id"
+    )
+
+    def token_batch(size):
+        conn = db.connection()
+        with conn.cursor() as cur:
+            cur.execute(token_sql, [size])
+            gone = [r[0] for r in cur.fetchall()]
+        for queue_id in set(gone):
+            add_counters(conn, queue_id, token_rows=-gone.count(queue_id))
+        return len(gone)
+
     while tokens < limit:
-        n = batch(token_sql, [min(BATCH, limit - tokens)])
+        n = db.retrying(token_batch, min(BATCH, limit - tokens))
         tokens += n
         if n < BATCH:
             break
@@ -76,32 +92,33 @@ def prune(*, retention_ms: int | None = None, limit: int = 100_000) -> PruneResu
 
 
 def fold_counters() -> int:
-    """Add pending :class:`CounterDelta` rows into their queues' totals; return rows folded.
+    """Merge each queue's counter shards into one; return the shards removed.
 
-    Per queue, in one transaction: lock the queue row, sum and delete the
-    deltas seen, add the sums. Deltas committed meanwhile wait for the next fold.
+    Shards held by a running transaction are skipped (PostgreSQL ``SKIP
+    LOCKED``), so this never waits; totals are unchanged by a fold.
     """
-    names = TOTAL_NAMES + TIMING_NAMES
-    folded = 0
-    for queue_id in set(manager(CounterDelta).values_list("queue_id", flat=True).distinct()):
+    names = COUNTER_NAMES
+    removed = 0
+    with db.connection().cursor() as cur:
+        cur.execute(f"SELECT queue_id FROM {COUNTER} GROUP BY queue_id HAVING COUNT(*) > 1")
+        queue_ids = [r[0] for r in cur.fetchall()]
+    skip = " FOR UPDATE SKIP LOCKED" if db.is_postgres() else ""
+    cols = ", ".join(names)
 
-        def apply(queue_id=queue_id):
-            qs = manager(Queue).filter(id=queue_id)
-            if db.is_postgres():
-                qs = qs.select_for_update()
-            q = qs.first()
-            if q is None:
+    def fold(queue_id):
+        with db.connection().cursor() as cur:
+            cur.execute(f"SELECT id, {cols} FROM {COUNTER} WHERE queue_id = %s ORDER BY id{skip}", [queue_id])
+            rows = cur.fetchall()
+            if len(rows) < 2:
                 return 0
-            ids = list(manager(CounterDelta).filter(queue_id=queue_id).values_list("id", flat=True)[:10_000])
-            if not ids:
-                return 0
-            rows = manager(CounterDelta).filter(id__in=ids)
-            sums = rows.aggregate(**{n: Sum(n) for n in names})
-            for n in names:
-                setattr(q, n, getattr(q, n) + (sums[n] or 0))
-            rows.delete()
-            q.save(using=db.connection().alias, update_fields=list(names))
-            return len(ids)
+            keep, rest = rows[0], rows[1:]
+            sums = [sum(r[i] for r in rows) for i in range(1, len(names) + 1)]
+            sets = ", ".join(f"{n} = %s" for n in names)
+            cur.execute(f"UPDATE {COUNTER} SET {sets} WHERE id = %s", [*sums, keep[0]])
+            marks = ", ".join(["%s"] * len(rest))
+            cur.execute(f"DELETE FROM {COUNTER} WHERE id IN ({marks})", [r[0] for r in rest])
+            return len(rest)
 
-        folded += db.retrying(apply)
-    return folded
+    for queue_id in queue_ids:
+        removed += db.retrying(fold, queue_id)
+    return removed

@@ -6,7 +6,7 @@ from .. import db, validation
 from ..exceptions import InvalidPolicy
 from ..types import STATE_NAMES, QueueInfo, QueuePolicy
 from ._base import (
-    DELTA,
+    COUNTER,
     JOB,
     LEASE,
     POLICY_FIELDS,
@@ -100,7 +100,7 @@ def delete_queue(queue: str) -> None:
         conn = db.connection()
         q = get_queue(queue)
         with conn.cursor() as cur:
-            for table in (LEASE, TOKEN, DELTA, JOB):
+            for table in (LEASE, TOKEN, COUNTER, JOB):
                 cur.execute(f"DELETE FROM {table} WHERE queue_id = %s", [q.id])
             cur.execute(f"DELETE FROM {QUEUE} WHERE id = %s", [q.id])
 

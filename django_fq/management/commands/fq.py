@@ -1,0 +1,523 @@
+"""``manage.py fq …``: the command line of django-fq.
+
+One subcommand per operation of :mod:`django_fq.services`, with the same
+names and rules; this module only parses arguments and prints results. Every
+subcommand accepts ``--json`` for machine-readable output on stdout. Times are
+epoch milliseconds and durations milliseconds, as everywhere in django-fq.
+
+Exit status: 0 on success; 1 when django-fq refuses the request (unknown queue
+or job, bad JSON, value out of range, invalid receipt, wrong state, …) — the
+message goes to stderr (with ``--json``: the error's JSON object) and nothing
+is changed; 2 for malformed command lines (argparse usage errors).
+
+Django's own options (``--settings``, ``--traceback``, …) go before the
+subcommand: ``manage.py fq --settings=mysite.settings stats emails``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from dataclasses import asdict
+
+from django.core.management.base import BaseCommand
+
+from ... import services
+from ...exceptions import FqError, InvalidArgument, InvalidJson
+from ...types import STATE_NAMES, TOTAL_NAMES
+from ...validation import parse_json
+
+#: Service argument names → the command-line option that supplies them (for error messages).
+OPTION_OF_FIELD = {
+    "queue": "QUEUE",
+    "job_id": "JOB_ID",
+    "receipt": "RECEIPT",
+    "payload": "PAYLOAD_JSON",
+    "source": "SOURCE",
+    "priority": "--priority",
+    "delay_ms": "--delay",
+    "at": "--at",
+    "idempotency": "--idempotency",
+    "idempotency_retention_ms": "--idempotency-retention",
+    "unique_key": "--unique-key",
+    "max_attempts": "--max-attempts",
+    "timeout_ms": "--timeout",
+    "concurrency": "--concurrency",
+    "backoff_ms": "--backoff",
+    "max_backoff_ms": "--max-backoff",
+    "visibility_ms": "--visibility",
+    "count": "--count",
+    "wait_ms": "--wait",
+    "worker": "--worker",
+    "result": "--result",
+    "error": "--error",
+    "state": "--state",
+    "cursor": "--cursor",
+    "retention_ms": "--retention",
+    "limit": "--limit",
+}
+
+#: ``config`` options → policy field names.
+POLICY_OPTIONS = (
+    ("concurrency", "concurrency", "N", "jobs running at once across all workers (0-100000, 0 = unlimited)"),
+    ("max-attempts", "max_attempts", "N", "attempts before a job is dead (1-1000; future jobs only)"),
+    ("backoff", "backoff_ms", "MS", "base of the exponential retry delay (0-86400000)"),
+    ("max-backoff", "max_backoff_ms", "MS", "cap of the retry delay (>= backoff, <= 30 days)"),
+    ("visibility", "visibility_ms", "MS", "default lease length of claims (1 ms - 24 h)"),
+    ("idempotency-retention", "idempotency_retention_ms", "MS", "how long an idempotency token deduplicates (1 ms - 30 days)"),
+    ("timeout", "timeout_ms", "MS", "a running job past this fails with a timeout (0-7 days, 0 = none)"),
+)
+
+
+class Command(BaseCommand):
+    help = "Inspect and operate django-fq queues: the command-line mirror of django_fq.services."
+    #: ``call_command("fq", "enqueue-many", "q", "-", stdin=...)`` reads that stream instead of sys.stdin.
+    stealth_options = ("stdin",)
+
+    # --- argument parsing -------------------------------------------------------------
+
+    def add_arguments(self, parser):
+        # --json is accepted before or after the operation; the operation's copy
+        # leaves the value alone unless given, so it cannot reset the other.
+        parser.add_argument("--json", dest="as_json", action="store_true", help="print machine-readable JSON")
+        sub = parser.add_subparsers(dest="op", metavar="OP", required=True, title="operations")
+
+        def op(name, help_text):
+            p = sub.add_parser(name, help=help_text, description=help_text)
+            p.add_argument(
+                "--json", dest="as_json", action="store_true", default=argparse.SUPPRESS, help="print machine-readable JSON"
+            )
+            return p
+
+        def queue(p, optional=False):
+            if optional:
+                p.add_argument("queue", metavar="QUEUE", nargs="?", default=None, help="queue name (default: every queue)")
+            else:
+                p.add_argument("queue", metavar="QUEUE", help="queue name: 1-200 of [A-Za-z0-9:._-]")
+
+        p = op("config", "Print a queue's policy, or set policy fields (creating the queue).")
+        queue(p)
+        for flag, dest, metavar, text in POLICY_OPTIONS:
+            p.add_argument(f"--{flag}", dest=dest, type=int, metavar=metavar, help=text)
+
+        op("queues", "List every queue with its policy and job counts.")
+
+        p = op("delete", "Delete a queue with all its jobs, leases and idempotency tokens.")
+        queue(p)
+
+        p = op("enqueue", "Add one job; prints its id and whether it was created (0 for a duplicate).")
+        queue(p)
+        p.add_argument("payload", metavar="PAYLOAD_JSON", help='the payload as JSON (e.g. \'{"to": 1}\'), or - to read stdin')
+        self._enqueue_options(p)
+
+        p = op(
+            "enqueue-many",
+            "Add many jobs in one transaction (all or nothing) from a JSON array of envelopes or JSON lines "
+            '(one envelope per line). An envelope is {"payload": ..., "priority", "delay_ms", "at", '
+            '"idempotency", "idempotency_retention_ms", "unique_key", "max_attempts", "timeout_ms"}.',
+        )
+        queue(p)
+        p.add_argument("source", metavar="SOURCE", help="file path, or - to read stdin")
+
+        p = op("claim", "Take up to --count eligible jobs under new leases; prints each job's receipt.")
+        queue(p)
+        p.add_argument("--count", type=int, default=1, metavar="N", help="jobs at most (1-1000, default 1)")
+        p.add_argument("--visibility", dest="visibility_ms", type=int, metavar="MS", help="lease length (1 ms - 24 h; default: the queue's policy)")
+        p.add_argument("--wait", dest="wait_ms", type=int, default=0, metavar="MS", help="long-poll up to this long for a job (0-20000, default 0)")
+        p.add_argument("--worker", default="", help="worker id recorded on the leases")
+
+        p = op("ack", "Mark the job of a receipt succeeded.")
+        self._receipt(p)
+        p.add_argument("--result", metavar="JSON", help="result to store, as JSON")
+
+        p = op("nack", "Record a failed attempt: retry after --delay or the queue's backoff, or dead when out of attempts.")
+        self._receipt(p)
+        p.add_argument("--delay", dest="delay_ms", type=int, metavar="MS", help="retry after this long (0 - 30 days; default: backoff)")
+        p.add_argument("--error", metavar="TEXT", help="error text to record")
+        p.add_argument("--permanent", action="store_true", help="make the job dead now, whatever its attempts")
+
+        p = op("release", "Give a job back: ready again now, the attempt not counted.")
+        self._receipt(p)
+        p.add_argument("--error", metavar="TEXT", help='reason to record (default "released")')
+
+        p = op("extend", "Move a lease's deadline to now + --visibility; prints the new deadline.")
+        self._receipt(p)
+        p.add_argument("--visibility", dest="visibility_ms", type=int, metavar="MS", required=True, help="1 ms - 24 h")
+
+        for name, text in (
+            ("get", "Show a job: metadata, payload, result and error history."),
+            ("retry", "Make a dead job ready again with attempts reset to 0."),
+            ("cancel", "Cancel a scheduled, ready, running or dead job."),
+        ):
+            p = op(name, text)
+            queue(p)
+            p.add_argument("job_id", metavar="JOB_ID")
+
+        p = op("jobs", "List a queue's jobs (metadata only), one page at a time.")
+        queue(p)
+        p.add_argument("--state", choices=STATE_NAMES, help="only jobs in this state")
+        p.add_argument("--cursor", help="next_cursor of the previous page")
+        p.add_argument("--count", type=int, default=20, metavar="N", help="page size (1-1000, default 20)")
+
+        p = op("stats", "Show counts per state, totals, and wait/run time sums of a queue.")
+        queue(p)
+
+        p = op("wait", "Block until a job succeeded, died or was cancelled; print it.")
+        queue(p)
+        p.add_argument("job_id", metavar="JOB_ID")
+        p.add_argument("--timeout", dest="timeout_ms", type=int, default=30_000, metavar="MS", help="give up after this long (0 - 24 h, default 30000); exit 1")
+
+        p = op("reap", "Handle leases past their deadline now (as failed attempts).")
+        queue(p, optional=True)
+        p.add_argument("--limit", type=int, default=10_000, metavar="N", help="leases handled at most (default 10000)")
+
+        p = op("prune", "Delete finished (succeeded/cancelled) jobs past the retention, and expired tokens.")
+        p.add_argument("--retention", dest="retention_ms", type=int, metavar="MS", help="default: FQ_FINISHED_RETENTION_MS (7 days)")
+        p.add_argument("--limit", type=int, default=100_000, metavar="N", help="rows of each kind deleted at most (default 100000)")
+
+    @staticmethod
+    def _receipt(p):
+        p.add_argument("queue", metavar="QUEUE", help="queue name")
+        p.add_argument("receipt", metavar="RECEIPT", help="the receipt printed by claim")
+
+    @staticmethod
+    def _enqueue_options(p):
+        p.add_argument("--priority", type=int, metavar="N", help="higher is claimed first (32-bit signed, default 0)")
+        p.add_argument("--delay", dest="delay_ms", type=int, metavar="MS", help="eligible this long from now (0 - 10 years); not with --at")
+        p.add_argument("--at", type=int, metavar="EPOCH_MS", help="eligible at this instant (within 10 years); not with --delay")
+        p.add_argument("--idempotency", metavar="TOKEN", help="deduplicate enqueues with this token")
+        p.add_argument("--idempotency-retention", dest="idempotency_retention_ms", type=int, metavar="MS", help="token lifetime (default: the queue's policy)")
+        p.add_argument("--unique-key", dest="unique_key", metavar="KEY", help="coalesce onto the active job holding this key")
+        p.add_argument("--max-attempts", dest="max_attempts", type=int, metavar="N", help="1-1000 (default: the queue's policy)")
+        p.add_argument("--timeout", dest="timeout_ms", type=int, metavar="MS", help="0 - 7 days, 0 = none (default: the queue's policy)")
+
+    # --- dispatch -------------------------------------------------------------------------
+
+    def handle(self, *args, **options):
+        self.as_json = options.get("as_json", False)
+        self.stdin = options.get("stdin") or sys.stdin
+        op = options["op"]
+        try:
+            getattr(self, "do_" + op.replace("-", "_"))(options)
+        except FqError as exc:
+            self._fail(op, exc)
+
+    def _fail(self, op: str, exc: FqError):
+        """Report ``exc`` on stderr and exit with status 1 (as ``makemigrations --check`` does)."""
+        if self.as_json:
+            self.stderr.write(json.dumps(exc.as_dict(), default=str), style_func=lambda s: s)
+        else:
+            where = OPTION_OF_FIELD.get(exc.field or "", exc.field)
+            hint = f" ({where})" if where else ""
+            self.stderr.write(f"fq {op}: error: {exc.message}{hint}")
+        sys.exit(1)
+
+    def _emit(self, data, human) -> None:
+        """Print ``data`` as JSON with --json, else the human form ``human(data)`` (a str)."""
+        if self.as_json:
+            self.stdout.write(json.dumps(data))
+        else:
+            self.stdout.write(human(data))
+
+    # --- queues -----------------------------------------------------------------------------
+
+    def do_config(self, o):
+        changes = {dest: o[dest] for _, dest, _, _ in POLICY_OPTIONS if o.get(dest) is not None}
+        pol = services.configure(o["queue"], **changes) if changes else services.policy(o["queue"])
+        data = {"queue": o["queue"], **asdict(pol)}
+        self._emit(data, lambda d: _pairs(d.items()))
+
+    def do_queues(self, o):
+        data = [_queue_dict(q) for q in services.queues()]
+
+        def human(rows):
+            if not rows:
+                return "no queues"
+            head = ["QUEUE", *(s.upper() for s in STATE_NAMES), "CONCURRENCY", "MAX_ATTEMPTS", "VISIBILITY_MS"]
+            body = [
+                [r["name"], *(r["counts"][s] for s in STATE_NAMES), r["policy"]["concurrency"],
+                 r["policy"]["max_attempts"], r["policy"]["visibility_ms"]]
+                for r in rows
+            ]  # fmt: skip
+            return _table(head, body)
+
+        self._emit(data, human)
+
+    def do_delete(self, o):
+        services.delete_queue(o["queue"])
+        self._emit({"queue": o["queue"], "deleted": True}, lambda d: f"deleted queue {d['queue']}")
+
+    # --- enqueue ----------------------------------------------------------------------------
+
+    def do_enqueue(self, o):
+        text = self._read("payload", o["payload"]) if o["payload"] == "-" else o["payload"]
+        payload, _, _ = parse_json(text, "payload")
+        res = services.enqueue(
+            o["queue"],
+            payload,
+            priority=0 if o["priority"] is None else o["priority"],
+            delay_ms=o["delay_ms"],
+            at=o["at"],
+            idempotency=o["idempotency"],
+            idempotency_retention_ms=o["idempotency_retention_ms"],
+            unique_key=o["unique_key"],
+            max_attempts=o["max_attempts"],
+            timeout_ms=o["timeout_ms"],
+        )
+        self._emit(_enqueued(res), _enqueued_line)
+
+    def do_enqueue_many(self, o):
+        items = _envelopes(self._read("source", o["source"]))
+        results = services.enqueue_many(o["queue"], items)
+        data = [_enqueued(r) for r in results]
+
+        def human(rows):
+            made = sum(r["created"] for r in rows)
+            lines = [_enqueued_line(r) for r in rows]
+            lines.append(f"{made} created, {len(rows) - made} duplicate(s)")
+            return "\n".join(lines)
+
+        self._emit(data, human)
+
+    def _read(self, field: str, source: str) -> str:
+        """The text of ``source``: a file path, or ``-`` for stdin."""
+        try:
+            if source == "-":
+                return self.stdin.read()
+            with open(source, encoding="utf-8") as fh:
+                return fh.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidArgument(f"cannot read {source}: {exc}", field=field) from None
+
+    # --- leases -----------------------------------------------------------------------------
+
+    def do_claim(self, o):
+        claimed = services.claim(
+            o["queue"], count=o["count"], visibility_ms=o["visibility_ms"], wait_ms=o["wait_ms"], worker=o["worker"]
+        )
+        data = [
+            {
+                "id": j.id,
+                "payload": j.payload,
+                "receipt": j.receipt,
+                "deadline": j.deadline,
+                "attempts": j.attempts,
+                "enqueued_at": j.enqueued_at,
+            }
+            for j in claimed
+        ]
+
+        def human(_):
+            if not claimed:
+                return "no eligible job"
+            blocks = []
+            for j in claimed:
+                blocks.append(
+                    f"job {j.id} (attempt {j.attempts}/{j.max_attempts}, priority {j.priority})\n"
+                    + _pairs(
+                        [("deadline", _when(j.deadline)), ("receipt", j.receipt), ("payload", _dumps(j.payload))],
+                        indent="  ",
+                    )
+                )
+            return "\n".join(blocks)
+
+        self._emit(data, human)
+
+    def do_ack(self, o):
+        result = None if o["result"] is None else parse_json(o["result"], "result")[0]
+        self._settled(services.ack(o["queue"], o["receipt"], result=result))
+
+    def do_nack(self, o):
+        self._settled(
+            services.nack(o["queue"], o["receipt"], delay_ms=o["delay_ms"], error=o["error"], permanent=o["permanent"])
+        )
+
+    def do_release(self, o):
+        self._settled(services.release(o["queue"], o["receipt"], error=o["error"]))
+
+    def _settled(self, res):
+        def human(d):
+            line = f"job {d['id']}: {d['state']}"
+            if d["run_at"] is not None and d["state"] in ("scheduled", "ready"):
+                line += f", eligible at {_when(d['run_at'])}"
+            if d["replay"]:
+                line += " (repeat of a recorded settle; nothing changed)"
+            return line
+
+        self._emit({"id": res.id, "state": res.state, "run_at": res.run_at, "replay": res.replay}, human)
+
+    def do_extend(self, o):
+        deadline = services.extend(o["queue"], o["receipt"], visibility_ms=o["visibility_ms"])
+        self._emit({"deadline": deadline}, lambda d: f"deadline {_when(d['deadline'])}")
+
+    # --- inspection and repair ----------------------------------------------------------------
+
+    def do_get(self, o):
+        self._job(services.get(o["queue"], o["job_id"]))
+
+    def do_retry(self, o):
+        self._job(services.retry(o["queue"], o["job_id"]))
+
+    def do_cancel(self, o):
+        self._job(services.cancel(o["queue"], o["job_id"]))
+
+    def do_wait(self, o):
+        self._job(services.wait(o["queue"], o["job_id"], timeout_ms=o["timeout_ms"]))
+
+    def _job(self, info):
+        self._emit(asdict(info), _job_text)
+
+    def do_jobs(self, o):
+        page = services.jobs(o["queue"], state=o["state"], cursor=o["cursor"], count=o["count"])
+        data = {"jobs": [_listed(j) for j in page.jobs], "next_cursor": page.next_cursor}
+
+        def human(d):
+            if not d["jobs"]:
+                text = "no jobs"
+            else:
+                head = ["ID", "STATE", "PRIORITY", "ATTEMPTS", "RUN_AT", "CHANGED_AT", "LAST_ERROR"]
+                body = [
+                    [j["id"], j["state"], j["priority"], f"{j['attempts']}/{j['max_attempts']}",
+                     j["run_at"], j["changed_at"], _first_line(j["last_error"], 60)]
+                    for j in d["jobs"]
+                ]  # fmt: skip
+                text = _table(head, body)
+            if d["next_cursor"]:
+                text += f"\nnext page: --cursor {d['next_cursor']}"
+            return text
+
+        self._emit(data, human)
+
+    def do_stats(self, o):
+        st = services.stats(o["queue"])
+        data = asdict(st)
+
+        def human(d):
+            lines = [f"queue {d['queue']}", "counts:"]
+            lines.append(_pairs(((s, d["counts"].get(s, 0)) for s in STATE_NAMES), indent="  "))
+            lines.append("totals:")
+            names = [n for n in TOTAL_NAMES if n in d["totals"]] + [n for n in d["totals"] if n not in TOTAL_NAMES]
+            lines.append(_pairs(((n, d["totals"][n]) for n in names), indent="  "))
+            for kind in ("wait", "run"):
+                total, n = d[f"{kind}_ms_sum"], d[f"{kind}_count"]
+                mean = f", mean {total / n:.1f} ms" if n else ""
+                lines.append(f"{kind} time: {total} ms over {n}{mean}")
+            return "\n".join(lines)
+
+        self._emit(data, human)
+
+    # --- maintenance ----------------------------------------------------------------------------
+
+    def do_reap(self, o):
+        res = services.reap(o["queue"], limit=o["limit"])
+        self._emit(asdict(res), lambda d: f"expired {d['expired']}, timed out {d['timed_out']}, dead {d['dead']}")
+
+    def do_prune(self, o):
+        res = services.prune(retention_ms=o["retention_ms"], limit=o["limit"])
+        self._emit(asdict(res), lambda d: f"pruned {d['jobs']} job(s), {d['tokens']} token(s)")
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def _envelopes(text: str) -> list:
+    """Parse a JSON array of envelopes, a single envelope, or JSON lines (one envelope per line)."""
+    limit = sys.maxsize  # each payload is size-checked by enqueue_many; the batch as a whole is not
+    try:
+        value, _, _ = parse_json(text, "source", limit)
+    except InvalidJson:
+        lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+        if len(lines) < 2:
+            raise
+        return [parse_json(line, f"line {n}", limit)[0] for n, line in lines]
+    if isinstance(value, dict):
+        return [value]
+    if not isinstance(value, list):
+        raise InvalidJson("expected a JSON array of envelopes or JSON lines", field="source")
+    return value
+
+
+def _queue_dict(q) -> dict:
+    return {"name": q.name, "policy": asdict(q.policy), "counts": dict(q.counts), "created_at": q.created_at}
+
+
+def _enqueued(res) -> dict:
+    return {"id": res.id, "created": 1 if res.created else 0}
+
+
+def _enqueued_line(d) -> str:
+    return f"{d['id']} {'created' if d['created'] else 'duplicate (existing job)'}"
+
+
+def _listed(info) -> dict:
+    """A job of the ``jobs`` listing: metadata only."""
+    d = asdict(info)
+    for key in ("payload", "result", "errors"):
+        d.pop(key, None)
+    return d
+
+
+def _job_text(d: dict) -> str:
+    rows = [
+        ("id", d["id"]),
+        ("queue", d["queue"]),
+        ("state", d["state"]),
+        ("priority", d["priority"]),
+        ("attempts", f"{d['attempts']}/{d['max_attempts']}"),
+        ("run_at", _when(d["run_at"])),
+        ("enqueued_at", _when(d["enqueued_at"])),
+        ("changed_at", _when(d["changed_at"])),
+        ("claimed_at", _when(d["claimed_at"])),
+        ("finished_at", _when(d["finished_at"])),
+        ("lease_deadline", _when(d["lease_deadline"])),
+        ("timeout_ms", d["timeout_ms"]),
+        ("unique_key", d["unique_key"] or "-"),
+        ("idempotency", d["idempotency"] or "-"),
+        ("worker", d["worker"] or "-"),
+        ("last_error", _first_line(d["last_error"], 200) or "-"),
+        ("payload", _dumps(d["payload"])),
+        ("result", _dumps(d["result"])),
+        ("errors", len(d["errors"])),
+    ]
+    text = _pairs(rows)
+    for e in d["errors"]:
+        if isinstance(e, dict):
+            text += (
+                f"\n  {_when(e.get('at'))} attempt {e.get('attempt')} {e.get('kind', '')}"
+                f"{' on ' + e['worker'] if e.get('worker') else ''}: {_first_line(e.get('error', ''), 200)}"
+            )
+    return text
+
+
+def _when(ms) -> str:
+    """Epoch ms with its UTC reading, for people: ``1700000000000 (2023-11-14T22:13:20.000Z)``."""
+    if ms is None:
+        return "-"
+    try:
+        iso = dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).isoformat(timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):
+        return str(ms)
+    return f"{ms} ({iso.replace('+00:00', 'Z')})"
+
+
+def _dumps(value) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _first_line(text, width: int) -> str:
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _pairs(rows, indent: str = "") -> str:
+    rows = list(rows)
+    width = max((len(str(k)) for k, _ in rows), default=0)
+    return "\n".join(f"{indent}{str(k).ljust(width)}  {v}" for k, v in rows)
+
+
+def _table(head: list, body: list) -> str:
+    cells = [[str(c) for c in row] for row in [head, *body]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)

@@ -1,0 +1,153 @@
+"""Waking idle consumers when work arrives.
+
+On PostgreSQL every enqueue that creates jobs runs ``pg_notify('django_fq',
+queue)`` inside its transaction, so the notification is delivered at commit
+and never after a rollback. This module keeps **one** listening connection per
+process (a daemon thread), shared by every waiter in the process — worker
+loops and long-poll claims alike — so a thousand waiting requests cost one
+connection, not a thousand.
+
+On SQLite there is nothing to listen to: :meth:`Listener.wait` just sleeps
+for the poll interval, and callers poll.
+
+Usage, free of lost wakeups::
+
+    mark = wakeup.listener().mark()          # before looking for work
+    jobs = services.claim(...)
+    if not jobs:
+        wakeup.listener().wait(mark, {"emails"}, timeout=0.2)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from django.db import connections
+
+from . import conf, db
+
+log = logging.getLogger("django_fq.wakeup")
+
+_lock = threading.Lock()
+_listeners: dict[str, Listener] = {}
+
+
+def listener() -> Listener:
+    """The process-wide :class:`Listener` for django-fq's database alias (started on first use)."""
+    alias = conf.database()
+    with _lock:
+        found = _listeners.get(alias)
+        if found is None or not found.alive():
+            found = _listeners[alias] = Listener(alias)
+        return found
+
+
+def shutdown_all(timeout: float = 3.0) -> None:
+    """Stop every listener of this process and wait for their threads (tests, process exit)."""
+    with _lock:
+        found = list(_listeners.values())
+        _listeners.clear()
+    for one in found:
+        one.stop()
+    for one in found:
+        if one._thread is not None:
+            one._thread.join(timeout)
+
+
+class Listener:
+    """Counts notifications per queue and lets threads wait for a change.
+
+    ``mark()`` snapshots the counters; ``wait(mark, queues, timeout)`` returns
+    True as soon as one of ``queues`` (``None``: any) was notified after the
+    snapshot, False after ``timeout`` seconds.
+    """
+
+    def __init__(self, alias: str):
+        self.alias = alias
+        self._cond = threading.Condition()
+        self._seen: dict[str, int] = {}
+        self._total = 0
+        self._epoch = 0  # bumped when every waiter must look again (listener (re)connected)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.listening = False
+        if connections[alias].vendor == "postgresql":
+            self._thread = threading.Thread(target=self._run, name="django-fq-listener", daemon=True)
+            self._thread.start()
+
+    def alive(self) -> bool:
+        """False once :meth:`stop` was called."""
+        return not self._stop.is_set()
+
+    def stop(self) -> None:
+        """Stop the listening thread (it exits within a second)."""
+        self._stop.set()
+
+    def mark(self) -> tuple:
+        """A snapshot of the notification counters, to pass to :meth:`wait`."""
+        with self._cond:
+            return self._epoch, self._total, dict(self._seen)
+
+    def wait(self, mark: tuple, queues: set[str] | None, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a notification on ``queues`` newer than ``mark``."""
+        if self._thread is None:
+            time.sleep(max(0.0, timeout))
+            return False
+        give_up = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._changed(mark, queues):
+                    return True
+                remaining = give_up - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+
+    def notify_local(self, queue: str) -> None:
+        """Record a wakeup for ``queue`` from this process (also used by tests)."""
+        with self._cond:
+            self._seen[queue] = self._seen.get(queue, 0) + 1
+            self._total += 1
+            self._cond.notify_all()
+
+    def _changed(self, mark, queues) -> bool:
+        epoch, total, seen = mark
+        if epoch != self._epoch:
+            return True
+        if queues is None:
+            return self._total != total
+        return any(self._seen.get(q, 0) != seen.get(q, 0) for q in queues)
+
+    def _run(self) -> None:
+        import psycopg
+
+        pause = 0.1
+        while not self._stop.is_set():
+            try:
+                params = connections[self.alias].get_connection_params()
+                params.pop("cursor_factory", None)
+                params.pop("context", None)
+                with psycopg.connect(**params, autocommit=True) as pg:
+                    pg.execute(f"LISTEN {db.NOTIFY_CHANNEL}")
+                    self.listening = True
+                    pause = 0.1
+                    # Anything enqueued while we were not listening: wake everyone once.
+                    self._wake_all()
+                    while not self._stop.is_set():
+                        for note in pg.notifies(timeout=1.0):
+                            self.notify_local(note.payload)
+            except Exception as exc:  # noqa: BLE001 - any failure: log, back off, reconnect
+                self.listening = False
+                if self._stop.is_set():
+                    break
+                log.warning("wakeup listener lost its connection (%s); reconnecting in %.1fs", type(exc).__name__, pause)
+                time.sleep(pause)
+                pause = min(pause * 2, 5.0)
+        self.listening = False
+
+    def _wake_all(self) -> None:
+        with self._cond:
+            self._epoch += 1
+            self._cond.notify_all()

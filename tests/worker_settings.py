@@ -1,0 +1,20 @@
+"""Settings of a worker child process started by a test: the test settings, on the parent's test database.
+
+``tests.settings`` names the SQLite file after the process id, and the test
+database of PostgreSQL is only known to the parent, so the parent passes its
+database name in ``FQ_CHILD_DB_NAME`` (and may shift the database clock with
+``FQ_CHILD_CLOCK_OFFSET_MS``, as the ``clock`` fixture does in-process).
+"""
+
+import copy
+import os
+
+from tests.settings import *  # noqa: F401,F403
+from tests.settings import DATABASES as _BASE
+
+DATABASES = copy.deepcopy(_BASE)
+if os.environ.get("FQ_CHILD_DB_NAME"):
+    DATABASES["default"]["NAME"] = os.environ["FQ_CHILD_DB_NAME"]
+    DATABASES["default"]["TEST"] = {"NAME": os.environ["FQ_CHILD_DB_NAME"]}
+
+FQ_TEST_CLOCK_OFFSET_MS = int(os.environ.get("FQ_CHILD_CLOCK_OFFSET_MS", "0"))
