@@ -26,7 +26,7 @@ _LAZY = {
     "handler": ("django_fq.handlers", "handler"),
 }
 _SERVICES = (
-    "ack cancel claim configure delete_queue enqueue enqueue_many extend fold_counters get jobs nack "
+    "ack ack_many cancel claim configure delete_queue enqueue enqueue_many extend fold_counters get jobs nack "
     "policy prune queues reap release retry stats wait"
 ).split()
 

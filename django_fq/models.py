@@ -115,6 +115,7 @@ class Job(models.Model):
     # repeat of the same call is answered as a replay (SPEC §9).
     settled_hash = models.CharField(max_length=64, null=True, blank=True)
     settled_op = models.CharField(max_length=10, null=True, blank=True)
+    settled_args = models.CharField(max_length=32, null=True, blank=True)
     settled_outcome = models.JSONField(null=True, blank=True)
 
     class Meta:

@@ -17,12 +17,13 @@ Usage::
 
 from .enqueue import enqueue, enqueue_many
 from .jobs import cancel, get, jobs, retry, stats, wait
-from .leases import ack, claim, extend, nack, release
+from .leases import ack, ack_many, claim, extend, nack, release
 from .maintenance import fold_counters, prune, reap
 from .queues import configure, delete_queue, policy, queues
 
 __all__ = [
     "ack",
+    "ack_many",
     "cancel",
     "claim",
     "configure",

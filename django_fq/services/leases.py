@@ -11,10 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Iterable
 
 from .. import db, receipts, validation, wakeup
 from ..conf import CLAIM_PAYLOAD_CAP_BYTES
-from ..exceptions import InvalidReceipt, QueueNotFound, ReceiptCancelled
+from ..exceptions import FqError, InvalidReceipt, QueueNotFound, ReceiptCancelled
 from ..models import Job
 from ..types import ClaimedJob, SettleResult
 from ._base import (
@@ -186,38 +187,71 @@ def _claim_once(queue_id: int, queue: str, count: int, vis: int, worker: str) ->
 def ack(queue: str, receipt: str, *, result=None) -> SettleResult:
     """Mark the job held by ``receipt`` succeeded and store ``result`` (any JSON, size-capped).
 
-    Repeating the same ack with the same receipt returns the recorded outcome
-    with ``replay=True`` and changes nothing.
+    Repeating the same ack (same receipt, same result) returns the recorded
+    outcome with ``replay=True`` and changes nothing.
 
     Raises :class:`InvalidReceipt` (expired, forged, malformed, settled,
     older generation, other queue), :class:`ReceiptCancelled`,
     :class:`InvalidJson` / :class:`PayloadTooLarge` (field ``result``).
     """
-    text = None if result is None else validation.json_text(result, "result")[0]
+    outcome = ack_many(queue, [(receipt, result)])[0]
+    if isinstance(outcome, FqError):
+        raise outcome
+    return outcome
+
+
+def ack_many(queue: str, acks: Iterable[tuple[str, object]]) -> list[SettleResult | InvalidReceipt]:
+    """Acknowledge many leases of ``queue`` in one transaction.
+
+    ``acks`` is a sequence of ``(receipt, result)`` pairs (``result`` any JSON
+    or ``None``). Returns, in the same order, a :class:`SettleResult` for each
+    pair that succeeded (or replayed) and the :class:`InvalidReceipt` /
+    :class:`ReceiptCancelled` instance for each that did not — one bad receipt
+    does not fail the others. An invalid ``result`` raises for the whole call
+    before anything is written (field ``acks[i].result``).
+    """
+    items = []
+    for i, (receipt, result) in enumerate(acks):
+        try:
+            text = None if result is None else validation.json_text(result, "result")[0]
+        except FqError as exc:
+            exc.field = f"acks[{i}].result"
+            raise
+        items.append((receipt, text, settle_digest("ack", text)))
+    if not items:
+        return []
     q = get_queue(queue)
-    args = settle_digest("ack", text)
 
     def apply():
         conn = db.connection()
-        lease = _locked_lease(conn, q.id, receipt, "ack", args)
-        if isinstance(lease, SettleResult):
-            return lease
-        now = lease["now"]
-        outcome = {"state": "succeeded", "run_at": None}
-        _end_lease(conn, lease)
-        manager(Job).filter(seq=lease["job_id"]).update(
-            state="succeeded",
-            result=text,
-            finished_at=now,
-            changed_at=now,
-            settled_hash=lease["receipt_hash"],
-            settled_op="ack",
-            settled_outcome={**outcome, "args": args},
-        )
-        add_counters(conn, q.id, acked=1, active=-1, run_ms_sum=max(0, now - lease["claimed_at"]), run_count=1)
-        return SettleResult(id=lease["uid"], **outcome)
+        found = _locked_leases(conn, q.id, [(r, "ack", args) for r, _, args in items])
+        live = [(i, lease) for i, lease in enumerate(found) if isinstance(lease, dict)]
+        if live:
+            now = live[0][1]["now"]
+            seqs = [lease["job_id"] for _, lease in live]
+            marks = ", ".join(["%s"] * len(seqs))
+            rows = ", ".join(["(%s, %s, %s, %s)"] * len(live))
+            values = []
+            for i, lease in live:
+                values += [lease["job_id"], items[i][1], lease["receipt_hash"], items[i][2]]
+            with conn.cursor() as cur:
+                cur.execute(f"DELETE FROM {LEASE} WHERE job_id IN ({marks})", seqs)
+                cur.execute(
+                    f"UPDATE {JOB} SET state = 'succeeded', result = v.column2, settled_hash = v.column3, "
+                    f"settled_args = v.column4, settled_op = 'ack', settled_outcome = '{_ACKED_JSON}', "
+                    f"finished_at = %s, changed_at = %s FROM (VALUES {rows}) AS v WHERE {JOB}.seq = v.column1",
+                    [now, now, *values],
+                )
+            run_ms = sum(max(0, now - lease["claimed_at"]) for _, lease in live)
+            add_counters(conn, q.id, acked=len(live), active=-len(live), run_ms_sum=run_ms, run_count=len(live))
+        return [
+            SettleResult(id=lease["uid"], state="succeeded") if isinstance(lease, dict) else lease for lease in found
+        ]
 
     return db.retrying(apply)
+
+
+_ACKED_JSON = '{"state":"succeeded","run_at":null}'
 
 
 def nack(
@@ -295,7 +329,8 @@ def release(queue: str, receipt: str, *, error: str | None = None) -> SettleResu
             errors=append_history(job.errors, history_entry(now, job.attempts, "release", message, lease["worker"])),
             settled_hash=lease["receipt_hash"],
             settled_op="release",
-            settled_outcome={**outcome, "args": args},
+            settled_args=args,
+            settled_outcome=outcome,
         )
         add_counters(conn, q.id, released=1)
         db.notify(conn, queue)
@@ -333,26 +368,56 @@ def _locked_lease(conn, queue_id: int, receipt: str, op: str, args: str | None =
     a :class:`SettleResult` flagged ``replay`` when ``op`` with the same
     arguments (digest ``args``) repeats the recorded settle of this receipt.
     """
-    parsed = receipts.parse(receipt)
-    if parsed is None:
-        raise InvalidReceipt(field="receipt")
-    now = db.now_sql(conn)
-    lock = " FOR UPDATE OF l" if db.is_postgres(conn) else ""
-    with conn.cursor() as cur:
-        cur.execute(
-            f"SELECT l.job_id, l.generation, l.receipt_hash, l.claimed_at, l.deadline, l.timeout_at, l.worker, "
-            f"j.uid, CASE WHEN l.deadline > {now} THEN 1 ELSE 0 END AS live, {now} AS now "
-            f"FROM {LEASE} l JOIN {JOB} j ON j.seq = l.job_id WHERE j.uid = %s AND l.queue_id = %s{lock}",
-            [parsed.job_id, queue_id],
-        )
-        rows = fetch_dicts(cur)
-    if rows:
-        lease = rows[0]
-        if lease["generation"] == parsed.generation and receipts.matches(lease["receipt_hash"], parsed.secret_hash):
+    found = _locked_leases(conn, queue_id, [(receipt, op, args)])[0]
+    if isinstance(found, FqError):
+        raise found
+    return found
+
+
+def _locked_leases(conn, queue_id: int, requests: list[tuple[str, str, str | None]]) -> list:
+    """Batch form of :func:`_locked_lease` for ``(receipt, op, args)`` requests.
+
+    Returns per request: the locked live lease row (a dict), a replay
+    :class:`SettleResult`, or the :class:`InvalidReceipt` to raise. Leases are
+    locked in job order, so concurrent batches cannot deadlock.
+    """
+    parsed = [receipts.parse(r) for r, _, _ in requests]
+    uids = sorted({p.job_id for p in parsed if p is not None})
+    rows: dict[str, dict] = {}
+    if uids:
+        now = db.now_sql(conn)
+        lock = " FOR UPDATE OF l" if db.is_postgres(conn) else ""
+        marks = ", ".join(["%s"] * len(uids))
+        with conn.cursor() as cur:
+            cur.execute(
+                f"SELECT l.job_id, l.generation, l.receipt_hash, l.claimed_at, l.deadline, l.timeout_at, l.worker, "
+                f"j.uid, CASE WHEN l.deadline > {now} THEN 1 ELSE 0 END AS live, {now} AS now "
+                f"FROM {LEASE} l JOIN {JOB} j ON j.seq = l.job_id WHERE l.queue_id = %s AND j.uid IN ({marks}) "
+                f"ORDER BY l.job_id{lock}",
+                [queue_id, *uids],
+            )
+            rows = {r["uid"]: r for r in fetch_dicts(cur)}
+    out: list = []
+    taken: set[str] = set()
+    for p, (_, op, args) in zip(parsed, requests):
+        if p is None:
+            out.append(InvalidReceipt(field="receipt"))
+            continue
+        lease = rows.get(p.job_id)
+        if (
+            lease is not None
+            and p.job_id not in taken
+            and lease["generation"] == p.generation
+            and receipts.matches(lease["receipt_hash"], p.secret_hash)
+        ):
             if not lease["live"]:
-                raise InvalidReceipt("invalid or expired receipt: the lease has expired", field="receipt")
-            return lease
-    return _replay_or_raise(conn, queue_id, parsed, op, args)
+                out.append(InvalidReceipt("invalid or expired receipt: the lease has expired", field="receipt"))
+            else:
+                taken.add(p.job_id)  # the same receipt twice in one batch settles once
+                out.append(lease)
+            continue
+        out.append(_replay_or_error(conn, queue_id, p, op, args))
+    return out
 
 
 def settle_digest(op: str, *args) -> str:
@@ -361,20 +426,21 @@ def settle_digest(op: str, *args) -> str:
     return hashlib.sha256(raw.encode("utf-8", "replace")).hexdigest()[:32]
 
 
-def _replay_or_raise(conn, queue_id: int, parsed, op: str, args: str | None) -> SettleResult:
+def _replay_or_error(conn, queue_id: int, parsed, op: str, args: str | None):
+    """The replay :class:`SettleResult` of an exact repeat, else the error to raise."""
     with conn.cursor() as cur:
         cur.execute(
-            f"SELECT settled_hash, settled_op, settled_outcome FROM {JOB} WHERE uid = %s AND queue_id = %s",
+            f"SELECT settled_hash, settled_op, settled_args, settled_outcome FROM {JOB} WHERE uid = %s AND queue_id = %s",
             [parsed.job_id, queue_id],
         )
         row = cur.fetchone()
     if row and receipts.matches(row[0], parsed.secret_hash):
         if row[1] == "cancel":
-            raise ReceiptCancelled(field="receipt")
-        outcome = load_json(row[2]) or {}
-        if row[1] == op and args is not None and outcome.get("args") == args:
+            return ReceiptCancelled(field="receipt")
+        if row[1] == op and args is not None and row[2] == args:
+            outcome = load_json(row[3]) or {}
             return SettleResult(id=parsed.job_id, state=outcome.get("state"), run_at=outcome.get("run_at"), replay=True)
-    raise InvalidReceipt(field="receipt")
+    return InvalidReceipt(field="receipt")
 
 
 def _end_lease(conn, lease: dict) -> None:
@@ -421,7 +487,8 @@ def fail_attempt(
         run_at = base_ms + delay
         outcome = {"state": "scheduled" if run_at > now else "ready", "run_at": run_at}
         changes.update(state="queued", run_at=run_at)
-    changes["settled_outcome"] = {**outcome, "args": settled_args}
+    changes["settled_outcome"] = outcome
+    changes["settled_args"] = settled_args
     manager(Job).filter(seq=lease["job_id"]).update(**changes)
     totals = {"nack": "nacked", "expired": "expired", "timeout": "timed_out"}
     add_counters(conn, job.queue.id, **{totals[kind]: 1}, dead=int(dead), active=-int(dead))
