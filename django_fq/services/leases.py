@@ -194,7 +194,8 @@ def ack(queue: str, receipt: str, *, result=None) -> SettleResult:
     older generation, other queue), :class:`ReceiptCancelled`,
     :class:`InvalidJson` / :class:`PayloadTooLarge` (field ``result``).
     """
-    outcome = ack_many(queue, [(receipt, result)])[0]
+    text = None if result is None else validation.json_text(result, "result")[0]
+    outcome = _ack(queue, [(receipt, text, settle_digest("ack", text))])[0]
     if isinstance(outcome, FqError):
         raise outcome
     return outcome
@@ -218,8 +219,11 @@ def ack_many(queue: str, acks: Iterable[tuple[str, object]]) -> list[SettleResul
             exc.field = f"acks[{i}].result"
             raise
         items.append((receipt, text, settle_digest("ack", text)))
-    if not items:
-        return []
+    return _ack(queue, items) if items else []
+
+
+def _ack(queue: str, items: list[tuple[str, str | None, str]]) -> list:
+    """Settle ``(receipt, result_text, args_digest)`` items as succeeded, in one transaction."""
     q = get_queue(queue)
 
     def apply():
