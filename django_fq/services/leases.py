@@ -390,14 +390,16 @@ def _locked_leases(conn, queue_id: int, requests: list[tuple[str, str, str | Non
     rows: dict[str, dict] = {}
     if uids:
         now = db.now_sql(conn)
-        lock = " FOR UPDATE OF l" if db.is_postgres(conn) else ""
         marks = ", ".join(["%s"] * len(uids))
+        match = f"FROM {LEASE} l JOIN {JOB} j ON j.seq = l.job_id WHERE l.queue_id = %s AND j.uid IN ({marks})"
         with conn.cursor() as cur:
+            if db.is_postgres(conn):
+                # Lock first, then judge the deadline: a verdict computed while
+                # waiting for the lock would be stale once the lock is granted.
+                cur.execute(f"SELECT l.job_id {match} ORDER BY l.job_id FOR UPDATE OF l", [queue_id, *uids])
             cur.execute(
                 f"SELECT l.job_id, l.generation, l.receipt_hash, l.claimed_at, l.deadline, l.timeout_at, l.worker, "
-                f"j.uid, CASE WHEN l.deadline > {now} THEN 1 ELSE 0 END AS live, {now} AS now "
-                f"FROM {LEASE} l JOIN {JOB} j ON j.seq = l.job_id WHERE l.queue_id = %s AND j.uid IN ({marks}) "
-                f"ORDER BY l.job_id{lock}",
+                f"j.uid, CASE WHEN l.deadline > {now} THEN 1 ELSE 0 END AS live, {now} AS now {match}",
                 [queue_id, *uids],
             )
             rows = {r["uid"]: r for r in fetch_dicts(cur)}
