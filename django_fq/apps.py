@@ -1,4 +1,4 @@
-"""App config: registers the system checks and autodiscovers ``fq_handlers`` modules."""
+"""App config: registers the system checks (handlers are discovered by ``fq_worker``)."""
 
 from django.apps import AppConfig
 

@@ -11,8 +11,12 @@ setting                        default             meaning
 ``FQ_MAX_PAYLOAD_BYTES``       1 MiB (1048576)     largest payload / result, in bytes of
                                                    compact UTF-8 JSON; at most 32 MiB
 ``FQ_MAX_JOBS_PER_QUEUE``      1,000,000           scheduled + ready + running jobs per queue
-``FQ_MAX_TOKENS_PER_QUEUE``    1,000,000           live idempotency tokens per queue
+``FQ_MAX_TOKENS_PER_QUEUE``    1,000,000           idempotency token rows per queue (expired
+                                                   rows count until pruned)
 ``FQ_FINISHED_RETENTION_MS``   7 days              succeeded/cancelled jobs are pruned after this
+``FQ_HANDLERS``                ``{}``              ``{queue: "dotted.path"}`` handlers, besides
+                                                   ``@handler`` in ``fq_handlers`` modules
+``FQ_SCHEDULE``                ``{}``              cron entries, see ``docs/periodic.md``
 ``FQ_TEST_CLOCK_OFFSET_MS``    0                   tests only: shifts the database clock
                                                    *inside the SQL expression*
 =============================  ==================  ==========================================

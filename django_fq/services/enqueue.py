@@ -101,7 +101,7 @@ def enqueue(
             "timeout_ms": timeout_ms,
         }
     )
-    return db.retrying(_write_batch, queue, [item])[0]
+    return db.retrying(_write_batch, queue, [item], batch=False)[0]
 
 
 def enqueue_many(queue: str, items: Iterable[Mapping]) -> list[EnqueueResult]:
@@ -119,7 +119,7 @@ def enqueue_many(queue: str, items: Iterable[Mapping]) -> list[EnqueueResult]:
     parsed = [_parse_item(i, raw) for i, raw in enumerate(items)]
     if not parsed:
         return []
-    return db.retrying(_write_batch, queue, parsed)
+    return db.retrying(_write_batch, queue, parsed, batch=True)
 
 
 def _parse_item(index: int, raw) -> _Item:
@@ -168,13 +168,13 @@ def parse_options(raw: Mapping) -> _Item:
     )
 
 
-def _write_batch(queue: str, items: list[_Item]) -> list[EnqueueResult]:
+def _write_batch(queue: str, items: list[_Item], *, batch: bool) -> list[EnqueueResult]:
     conn = db.connection()
     q = get_or_create_queue(queue)
     pol = policy_of(q)
     now = db.now_sql(conn)
     if any(it.at is not None for it in items):
-        _check_horizon(conn, now, items)
+        _check_horizon(conn, now, items, batch)
 
     uids = [secrets.token_hex(16) for _ in items]
     first_by_token: dict[str, int] = {}
@@ -246,13 +246,16 @@ def _write_batch(queue: str, items: list[_Item]) -> list[EnqueueResult]:
     return results
 
 
-def _check_horizon(conn, now: str, items: list[_Item]) -> None:
-    """``at`` must lie within 10 years of the database's now."""
+def _check_horizon(conn, now: str, items: list[_Item], batch: bool) -> None:
+    """``at`` must lie within 10 years of the database's now (the error names the first item past it)."""
     latest = max(it.at for it in items if it.at is not None)
     with conn.cursor() as cur:
-        cur.execute(f"SELECT {now} + %s >= %s", [validation.MAX_DELAY_MS, latest])
-        if not cur.fetchone()[0]:
-            raise InvalidTime("at must be within 10 years from now", field="at")
+        cur.execute(f"SELECT {now} + %s", [validation.MAX_DELAY_MS])
+        horizon = cur.fetchone()[0]
+    if latest > horizon:
+        index = next(i for i, it in enumerate(items) if it.at is not None and it.at > horizon)
+        field = f"items[{index}].at" if batch else "at"
+        raise InvalidTime(f"{field} must be within 10 years from now", field=field)
 
 
 def _claim_tokens(conn, now, queue_id, pol, items, uids, first_by_token) -> dict[str, str]:
