@@ -1,0 +1,49 @@
+# django-fq — developer commands.
+#
+#   make demo        the example project end to end on SQLite (creates .venv first)
+#   make test        the whole matrix: Django 5.2/Python 3.11 and Django 6.x/Python 3.12,
+#                    each on SQLite and PostgreSQL (tests marked `slow` excluded)
+#   make test-quick  one venv (.venv), SQLite only
+#   make test-slow   only the tests marked `slow`, on SQLite and PostgreSQL (Django 5.2;
+#                    SLOW_LEGS="dj6-sqlite ..." picks other legs)
+#   make venvs       create/update .venv, .venv-dj52 and .venv-dj6 without running anything
+#   make clean       remove var/ (demo database, emails) and build leftovers
+#
+# Extra pytest arguments: make test PYTEST_ARGS="-x -k claim"
+# PostgreSQL legs expect a server on 127.0.0.1:5432 (user postgres, trust auth);
+# see tests/settings.py for the FQ_TEST_PG_* overrides.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+DJ52 := Django>=5.2,<5.3
+DJ6  := Django>=6.0,<6.2
+# Legs of the slow tier (any of dj52-sqlite dj52-postgres dj6-sqlite dj6-postgres).
+SLOW_LEGS ?= dj52-sqlite dj52-postgres
+
+.PHONY: help demo test test-quick test-slow venv venvs clean
+
+help:
+	@sed -n '3,12p' Makefile | sed 's/^# \{0,1\}//'
+
+venv:
+	@scripts/venv.sh .venv 3.11
+
+venvs: venv
+	@scripts/venv.sh .venv-dj52 3.11 "$(DJ52)"
+	@scripts/venv.sh .venv-dj6 3.12 "$(DJ6)"
+
+demo: venv
+	@PYTHON=.venv/bin/python scripts/demo.sh
+
+test:
+	@scripts/test-matrix.sh
+
+test-quick: venv
+	FQ_TEST_DB=sqlite .venv/bin/python -m pytest -p no:cacheprovider -q -m "not slow" $(PYTEST_ARGS)
+
+test-slow:
+	@FQ_MARKERS=slow FQ_ALLOW_EMPTY=1 scripts/test-matrix.sh $(SLOW_LEGS)
+
+clean:
+	rm -rf var build dist *.egg-info

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Run the test suite on every supported combination and print a summary.
+#
+#   scripts/test-matrix.sh                 # the full matrix (what `make test` runs)
+#   scripts/test-matrix.sh dj52-sqlite     # only the named legs
+#   PYTEST_ARGS="-x -k claim" scripts/test-matrix.sh
+#
+# Legs: dj52-sqlite, dj52-postgres (Django 5.2 LTS, Python 3.11, .venv-dj52)
+#       dj6-sqlite,  dj6-postgres  (Django 6.x,    Python 3.12, .venv-dj6)
+# Every leg runs even when an earlier one failed; the exit status is non-zero
+# if any leg failed. Tests marked `slow` are excluded (FQ_MARKERS overrides the
+# marker expression; `make test-slow` uses it). With FQ_ALLOW_EMPTY=1 a leg
+# that collects no test (pytest exit 5) counts as passed.
+# FQ_SUMMARY_FILE=path appends "passed failed skipped" for the run to that file.
+# PostgreSQL legs use their own test database per leg (test_fq_<leg>), so they
+# never clash with a developer's run on the default test_fq.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+ALL_LEGS=(dj52-sqlite dj52-postgres dj6-sqlite dj6-postgres)
+legs=("$@")
+[ ${#legs[@]} -eq 0 ] && legs=("${ALL_LEGS[@]}")
+markers="${FQ_MARKERS-not slow}"
+reports="$(mktemp -d)"
+trap 'rm -rf "$reports"' EXIT
+
+declare -A status venv_ok
+venv=""
+ensure_venv() {  # ensure_venv LEG -> sets $venv; creates/updates each venv once per run
+    local pyver req
+    case "$1" in
+        dj52-*) venv=.venv-dj52; pyver=3.11; req="Django>=5.2,<5.3" ;;
+        dj6-*)  venv=.venv-dj6;  pyver=3.12; req="Django>=6.0,<6.2" ;;
+        *) echo "unknown leg $1 (known: ${ALL_LEGS[*]})" >&2; return 2 ;;
+    esac
+    if [ -z "${venv_ok[$venv]:-}" ]; then
+        if scripts/venv.sh "$venv" "$pyver" "$req"; then venv_ok[$venv]=yes; else venv_ok[$venv]=no; fi
+    fi
+    [ "${venv_ok[$venv]}" = yes ]
+}
+
+for leg in "${legs[@]}"; do
+    echo
+    echo "==================== $leg (pytest -m \"$markers\") ===================="
+    if ! ensure_venv "$leg"; then
+        status[$leg]="FAILED (environment)"
+        continue
+    fi
+    db="${leg#*-}"
+    start=$SECONDS
+    # shellcheck disable=SC2086  # PYTEST_ARGS is a word list on purpose
+    FQ_TEST_DB="$db" FQ_TEST_PG_TEST_NAME="test_fq_${leg//-/_}" \
+        "$venv/bin/python" -m pytest -p no:cacheprovider -q ${markers:+-m "$markers"} \
+        --durations=5 --junitxml="$reports/$leg.xml" ${PYTEST_ARGS:-}
+    rc=$?
+    took=$((SECONDS - start))
+    if [ $rc -eq 0 ]; then
+        status[$leg]="ok (${took}s)"
+    elif [ $rc -eq 5 ] && [ "${FQ_ALLOW_EMPTY:-0}" = 1 ]; then
+        status[$leg]="ok, no tests collected (${took}s)"
+    else
+        status[$leg]="FAILED (pytest exit $rc, ${took}s)"
+    fi
+done
+
+echo
+echo "==================== summary ===================="
+failed=0
+for leg in "${legs[@]}"; do
+    printf '  %-14s %s\n' "$leg" "${status[$leg]}"
+    case "${status[$leg]}" in ok*) ;; *) failed=1 ;; esac
+done
+# One closing line with the totals over every leg, from the JUnit reports.
+python3 - "$reports" "${FQ_SUMMARY_FILE:-}" <<'PY'
+import glob, sys
+import xml.etree.ElementTree as ET
+
+passed = failed = skipped = 0
+for path in glob.glob(sys.argv[1] + "/*.xml"):
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError:
+        continue
+    suites = [root] if root.tag == "testsuite" else root.iter("testsuite")
+    for s in suites:
+        t, f, e, sk = (int(s.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+        passed += t - f - e - sk
+        failed += f + e
+        skipped += sk
+print(f"matrix: {passed} passed, {failed} failed, {skipped} skipped")
+if sys.argv[2]:  # .ci/run adds up the tiers
+    with open(sys.argv[2], "a") as fh:
+        fh.write(f"{passed} {failed} {skipped}\n")
+PY
+exit $failed
