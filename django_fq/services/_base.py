@@ -37,28 +37,39 @@ def manager(model):
     return model.objects.using(conf.database())
 
 
+# In model field order: Model.from_db() maps values to fields by that order.
+_QUEUE_COLUMNS = tuple(
+    f.attname for f in Queue._meta.concrete_fields if f.attname in {"id", "name", "created_at", *POLICY_FIELDS}
+)
+
+
 def get_queue(name: str) -> Queue:
-    """The queue row named ``name``; :class:`QueueNotFound` if there is none. Never creates."""
+    """The queue row named ``name``; :class:`QueueNotFound` if there is none. Never creates.
+
+    One hand-written SELECT: every verb starts here, so it stays off the ORM's
+    query compiler.
+    """
     validation.queue_name(name)
-    try:
-        return manager(Queue).get(name=name)
-    except Queue.DoesNotExist:
-        raise QueueNotFound(f"no such queue: {name}", field="queue") from None
+    with db.connection().cursor() as cur:
+        cur.execute(f"SELECT {', '.join(_QUEUE_COLUMNS)} FROM {QUEUE} WHERE name = %s", [name])
+        row = cur.fetchone()
+    if row is None:
+        raise QueueNotFound(f"no such queue: {name}", field="queue")
+    return Queue.from_db(conf.database(), list(_QUEUE_COLUMNS), list(row))
 
 
 def get_or_create_queue(name: str) -> Queue:
     """The queue row named ``name``, created with the default policy if missing (race-safe)."""
-    validation.queue_name(name)
-    qs = manager(Queue)
     try:
-        return qs.get(name=name)
-    except Queue.DoesNotExist:
+        return get_queue(name)
+    except QueueNotFound:
         pass
     try:
         with transaction.atomic(using=conf.database()):
-            return qs.create(name=name, created_at=db.DbNow())
+            manager(Queue).create(name=name, created_at=db.DbNow())
     except IntegrityError:
-        return qs.get(name=name)
+        pass  # created concurrently
+    return get_queue(name)
 
 
 def policy_of(q: Queue) -> QueuePolicy:
