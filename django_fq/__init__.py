@@ -27,7 +27,7 @@ _LAZY = {
 }
 _SERVICES = (
     "ack ack_many cancel claim configure delete_queue enqueue enqueue_many extend fold_counters get jobs nack "
-    "policy prune queues reap release retry stats wait"
+    "policy prune queues reap release requeue retry stats wait"
 ).split()
 
 

@@ -81,6 +81,12 @@ class Queue(models.Model):
     class Meta:
         db_table = "django_fq_queue"
         ordering = ["name"]
+        # Capabilities of the REST API and the admin, besides the model permissions.
+        permissions = [
+            ("produce", "Can enqueue jobs"),
+            ("consume", "Can claim and settle jobs"),
+            ("manage", "Can inspect and repair queues and jobs"),
+        ]
 
     def __str__(self) -> str:
         return self.name

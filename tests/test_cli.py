@@ -731,3 +731,11 @@ def test_real_command_line_exit_codes(tmp_path):
     usage = cli("claim", Q, "--count", "abc")
     assert usage.returncode == 2
     assert "--count" in usage.stderr and "Traceback" not in usage.stderr
+
+
+def test_requeue_makes_a_scheduled_job_ready():
+    made = ok("enqueue", Q, "1", "--delay", "3600000")
+    assert ok("get", Q, made["id"])["state"] == "scheduled"
+    assert ok("requeue", Q, made["id"])["state"] == "ready"
+    claim_one()
+    fails("requeue", Q, made["id"], code="invalid_state", field="job_id")

@@ -16,7 +16,7 @@ Usage::
 """
 
 from .enqueue import enqueue, enqueue_many
-from .jobs import cancel, get, jobs, retry, stats, wait
+from .jobs import cancel, get, jobs, requeue, retry, stats, wait
 from .leases import ack, ack_many, claim, extend, nack, release
 from .maintenance import fold_counters, prune, reap
 from .queues import configure, delete_queue, policy, queues
@@ -39,6 +39,7 @@ __all__ = [
     "prune",
     "queues",
     "reap",
+    "requeue",
     "release",
     "retry",
     "stats",

@@ -207,6 +207,28 @@ def retry(queue: str, job_id: str) -> JobInfo:
     return get(queue, job_id)
 
 
+def requeue(queue: str, job_id: str) -> JobInfo:
+    """Make a scheduled job (delayed, or waiting out a retry backoff) ready now.
+
+    A ready job is left as it is. Attempts and history are unchanged. Raises
+    :class:`JobNotFound`, :class:`InvalidState` (running or finished: use
+    :func:`retry` for a dead job).
+    """
+    q = get_queue(queue)
+
+    def apply():
+        conn = db.connection()
+        job = _lock_job(q.id, job_id)
+        if job.state != "queued":
+            raise InvalidState(f"only scheduled or ready jobs can be requeued; this job is {job.state}", field="job_id", state=job.state)
+        moved = manager(Job).filter(seq=job.seq, run_at__gt=db.DbNow()).update(run_at=db.DbNow(), changed_at=db.DbNow())
+        if moved:
+            db.notify(conn, queue)
+
+    db.retrying(apply)
+    return get(queue, job_id)
+
+
 def cancel(queue: str, job_id: str) -> JobInfo:
     """Take a scheduled, ready, running or dead job out of the work: state ``cancelled``.
 
@@ -286,4 +308,4 @@ def wait(queue: str, job_id: str, *, timeout_ms: int) -> JobInfo:
         pause = min(pause * 2, 0.5)
 
 
-__all__ = ["get", "jobs", "stats", "retry", "cancel", "wait", "JobState"]
+__all__ = ["get", "jobs", "stats", "retry", "requeue", "cancel", "wait", "JobState"]

@@ -401,3 +401,18 @@ def test_wait_times_out_on_an_unfinished_job(q):
         fq.wait(q, job_id, timeout_ms=50)
     with pytest.raises(JobNotFound):
         fq.wait(q, "0" * 32, timeout_ms=10)
+
+
+def test_requeue_makes_a_scheduled_job_ready_now(q):
+    job = fq.enqueue(q, {"n": 1}, delay_ms=3_600_000).id
+    assert fq.get(q, job).state == "scheduled"
+    info = fq.requeue(q, job)
+    assert info.state == "ready" and info.attempts == 0
+    assert fq.claim(q)[0].id == job
+    with pytest.raises(InvalidState):
+        fq.requeue(q, job)  # running
+    ready = fq.enqueue(q, {"n": 2}).id
+    before = fq.get(q, ready)
+    assert fq.requeue(q, ready).run_at == before.run_at  # already ready: unchanged
+    with pytest.raises(JobNotFound):
+        fq.requeue(q, "0" * 32)

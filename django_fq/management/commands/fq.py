@@ -149,6 +149,7 @@ class Command(BaseCommand):
         for name, text in (
             ("get", "Show a job: metadata, payload, result and error history."),
             ("retry", "Make a dead job ready again with attempts reset to 0."),
+            ("requeue", "Make a scheduled job (delayed or waiting to retry) ready now."),
             ("cancel", "Cancel a scheduled, ready, running or dead job."),
         ):
             p = op(name, text)
@@ -359,6 +360,9 @@ class Command(BaseCommand):
 
     def do_retry(self, o):
         self._job(services.retry(o["queue"], o["job_id"]))
+
+    def do_requeue(self, o):
+        self._job(services.requeue(o["queue"], o["job_id"]))
 
     def do_cancel(self, o):
         self._job(services.cancel(o["queue"], o["job_id"]))
