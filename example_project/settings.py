@@ -113,6 +113,26 @@ EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
 EMAIL_FILE_PATH = VAR_DIR / "emails"
 DEFAULT_FROM_EMAIL = "welcome@example.com"
 
+# --- Django Tasks on django-fq -----------------------------------------------
+#
+# ``@task`` functions (example_project/demo/tasks.py) are stored as django-fq
+# jobs on the fq queue "tasks:default" and run by ``manage.py fq_worker``.
+# Django 6.x has the Tasks framework built in; on Django 5.2 install the
+# backport with ``pip install "django-fq[tasks]"``. See docs/tasks.md.
+
+TASKS = {
+    "default": {
+        "BACKEND": "django_fq.tasks.FqBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {
+            "queue_prefix": "tasks:",
+            "tasks": {
+                "example_project.demo.tasks.tally_signups": {"max_attempts": 3, "unique_key": "signups-{0}"},
+            },
+        },
+    },
+}
+
 # --- logging: show the worker's INFO lines on the console -------------------
 
 LOGGING = {

@@ -1,0 +1,460 @@
+"""``FqBackend``: Django Tasks on django-fq queues, and ``FqTask``, its task class with fq options.
+
+A task enqueued through this backend is one fq job on the fq queue named
+after the task's ``queue_name`` (with the optional ``queue_prefix``). Its
+payload records what the worker needs to run it again in another process::
+
+    {"v": 1, "task": "myapp.tasks.send", "backend": "default", "queue_name": "default",
+     "priority": 0, "run_after": null, "takes_context": false, "args": [...], "kwargs": {...}}
+
+The ``TaskResult`` id is the fq job id. Results are read back from the job
+(state, timestamps, error history, worker, result) by :meth:`FqBackend.get_result`,
+so any process with database access can follow a task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import secrets
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, transaction
+from django.utils.module_loading import import_string
+
+from .. import conf, validation
+from .. import services as fq
+from ..exceptions import InvalidArgument, JobNotFound, QueueNotFound
+from ..services.queues import POLICY_BOUNDS
+from . import _compat as tasks
+from .history import attempt_history
+
+#: Per-task options, accepted by ``@task(...)`` (``FqTask`` fields), ``FqTask.using()``,
+#: backend ``OPTIONS`` (defaults for every task) and ``OPTIONS["tasks"][path]``.
+TASK_OPTIONS = ("max_attempts", "timeout_ms", "idempotency_retention_ms", "unique_key", "idempotency")
+_INT_OPTIONS = ("max_attempts", "timeout_ms", "idempotency_retention_ms")
+#: Keys the backend's ``OPTIONS`` may hold.
+BACKEND_OPTIONS = frozenset({"enqueue_on_commit", "queue_prefix", "tasks", *TASK_OPTIONS})
+#: Version of the job payload layout written by :meth:`FqBackend.enqueue`.
+PAYLOAD_VERSION = 1
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_STATUS = {
+    "scheduled": tasks.TaskResultStatus.READY,
+    "ready": tasks.TaskResultStatus.READY,
+    "running": tasks.TaskResultStatus.RUNNING,
+    "succeeded": tasks.TaskResultStatus.SUCCESSFUL,
+    "dead": tasks.TaskResultStatus.FAILED,
+    "cancelled": tasks.TaskResultStatus.FAILED,
+}
+_FINAL = frozenset({"succeeded", "dead", "cancelled"})
+#: Attributes of a ``TaskResult`` that reading the job again can change.
+_RESULT_STATE = (
+    "id",
+    "status",
+    "enqueued_at",
+    "started_at",
+    "finished_at",
+    "last_attempted_at",
+    "errors",
+    "worker_ids",
+    "_return_value",
+)
+
+
+def to_datetime(ms: int | None) -> dt.datetime | None:
+    """An aware UTC datetime from epoch milliseconds (exact: no float rounding)."""
+    return None if ms is None else _EPOCH + dt.timedelta(milliseconds=ms)
+
+
+def is_task_payload(payload: object) -> bool:
+    """Whether a job payload was written by :meth:`FqBackend.enqueue`."""
+    return (
+        isinstance(payload, dict)
+        and isinstance(payload.get("task"), str)
+        and isinstance(payload.get("backend"), str)
+        and isinstance(payload.get("args"), list)
+        and isinstance(payload.get("kwargs"), dict)
+    )
+
+
+def option_error(name: str, value: object) -> str | None:
+    """Why ``value`` is not acceptable for per-task option ``name``, or ``None`` when it is."""
+    if name not in TASK_OPTIONS:
+        return f"unknown option {name!r} (known: {', '.join(TASK_OPTIONS)})"
+    if value is None:
+        return None
+    if name in _INT_OPTIONS:
+        try:
+            validation.integer(value, name, *POLICY_BOUNDS[name])
+        except InvalidArgument as exc:
+            lo, hi = POLICY_BOUNDS[name]
+            return f"{exc.message} ({lo}–{hi})"
+        return None
+    if callable(value):
+        return None
+    if not isinstance(value, str) or not value:
+        return f"{name} must be a non-empty string (a str.format template) or a callable"
+    return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class FqTask(tasks.Task):
+    """The backend's task class: a Django ``Task`` plus django-fq job options.
+
+    With Django 6.1+ (and the ``django_tasks`` backport), ``@task`` passes extra
+    keywords to the backend's task class, so::
+
+        @task(max_attempts=3, timeout_ms=60_000, unique_key="report-{0}")
+        def build_report(report_id): ...
+
+    ``using()`` accepts the same options for one call site::
+
+        build_report.using(idempotency=f"report-{rid}-{day}").enqueue(rid)
+
+    ``max_attempts``, ``timeout_ms`` and ``idempotency_retention_ms`` are
+    integers with the bounds of the queue policy; ``unique_key`` and
+    ``idempotency`` are a ``str.format`` template over the call's arguments
+    (``{0}``, ``{user_id}``, ``{task}`` for the task's path) or a callable
+    taking the task's ``*args, **kwargs`` and returning a string (or ``None``
+    for no key). ``None`` leaves an option to the backend's ``OPTIONS``.
+    """
+
+    max_attempts: int | None = None
+    timeout_ms: int | None = None
+    idempotency_retention_ms: int | None = None
+    unique_key: str | Callable[..., str | None] | None = None
+    idempotency: str | Callable[..., str | None] | None = None
+
+    def using(self, *, priority=None, queue_name=None, run_after=None, backend=None, **options):
+        """A copy with other defaults; besides Django's four, any of :data:`TASK_OPTIONS`."""
+        unknown = sorted(set(options) - set(TASK_OPTIONS))
+        if unknown:
+            raise TypeError(f"using() got an unexpected keyword argument {unknown[0]!r}")
+        changed = tasks.Task.using(self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend)
+        return dataclasses.replace(changed, **options) if options else changed
+
+
+class FqBackend(tasks.BaseTaskBackend):
+    """Django Tasks backend storing each task as a django-fq job; ``manage.py fq_worker`` runs them.
+
+    Settings::
+
+        TASKS = {
+            "default": {
+                "BACKEND": "django_fq.tasks.FqBackend",
+                "QUEUES": ["default", "emails"],          # fq queues (required, non-empty)
+                "OPTIONS": {
+                    "enqueue_on_commit": False,            # True, or a database alias
+                    "queue_prefix": "",                    # fq queue = prefix + queue_name
+                    "max_attempts": 5,                     # defaults for every task …
+                    "tasks": {                             # … and per task path
+                        "myapp.tasks.send": {"max_attempts": 3, "unique_key": "send-{0}"},
+                    },
+                },
+            }
+        }
+
+    Retry backoff, lease length and concurrency come from the fq queue's
+    policy (``fq configure``).
+    """
+
+    task_class = FqTask
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+    #: Marker read by ``django_fq.fq_handlers`` to find the aliases to serve.
+    is_fq_backend = True
+
+    def __init__(self, alias, params):
+        super().__init__(alias, params)
+        where = f"TASKS[{alias!r}]"
+        if not self.queues:
+            raise tasks.InvalidTaskBackend(f"{where}: QUEUES must name at least one queue (fq_worker serves those)")
+        options = dict(self.options or {})
+        unknown = sorted(set(options) - BACKEND_OPTIONS)
+        if unknown:
+            raise tasks.InvalidTaskBackend(
+                f"{where}: unknown OPTIONS key {unknown[0]!r} (known: {', '.join(sorted(BACKEND_OPTIONS))})"
+            )
+        prefix = options.get("queue_prefix", "")
+        if not isinstance(prefix, str):
+            raise tasks.InvalidTaskBackend(f"{where}: OPTIONS['queue_prefix'] must be a string")
+        self.queue_prefix = prefix
+        on_commit = options.get("enqueue_on_commit", False)
+        if on_commit is True:
+            on_commit = DEFAULT_DB_ALIAS
+        elif on_commit in (False, None):
+            on_commit = None
+        elif not isinstance(on_commit, str):
+            raise tasks.InvalidTaskBackend(f"{where}: OPTIONS['enqueue_on_commit'] must be a bool or a database alias")
+        #: Database alias whose commit triggers the enqueue, or ``None`` (enqueue at once).
+        self.enqueue_on_commit: str | None = on_commit
+        self.default_options = self._checked(options, f"{where} OPTIONS")
+        per_task = options.get("tasks", {})
+        if not isinstance(per_task, Mapping):
+            raise tasks.InvalidTaskBackend(f"{where}: OPTIONS['tasks'] must map task paths to option dicts")
+        self.task_options: dict[str, dict] = {}
+        for path, opts in per_task.items():
+            if not isinstance(path, str) or not isinstance(opts, Mapping):
+                raise tasks.InvalidTaskBackend(f"{where}: OPTIONS['tasks'] must map task paths to option dicts")
+            self.task_options[path] = self._checked(opts, f"{where} OPTIONS['tasks'][{path!r}]", strict=True)
+        #: Django queue name → fq queue name.
+        self.fq_queues: dict[str, str] = {}
+        for name in sorted(self.queues):
+            fq_name = f"{prefix}{name}"
+            try:
+                validation.queue_name(fq_name)
+            except InvalidArgument:
+                raise tasks.InvalidTaskBackend(
+                    f"{where}: queue {fq_name!r} is not a valid fq queue name (1–200 of [A-Za-z0-9:._-])"
+                ) from None
+            self.fq_queues[name] = fq_name
+        from .runner import register_backend
+
+        register_backend(self, strict=False)
+
+    @staticmethod
+    def _checked(options: Mapping, where: str, *, strict: bool = False) -> dict:
+        out = {}
+        for name, value in options.items():
+            if name not in TASK_OPTIONS:
+                if strict:
+                    raise tasks.InvalidTaskBackend(f"{where}: {option_error(name, value)}")
+                continue
+            problem = option_error(name, value)
+            if problem:
+                raise tasks.InvalidTaskBackend(f"{where}: {problem}")
+            if value is not None:
+                out[name] = value
+        return out
+
+    # --- validation --------------------------------------------------------------------------
+
+    def validate_task(self, task):
+        """Django's checks, plus the fq options of an :class:`FqTask` (raises ``InvalidTask``)."""
+        super().validate_task(task)
+        for name in TASK_OPTIONS:
+            problem = option_error(name, getattr(task, name, None))
+            if problem:
+                raise tasks.InvalidTask(f"{task.module_path}: {problem}")
+
+    def options_for(self, task) -> dict:
+        """The task's effective fq options: backend OPTIONS < OPTIONS["tasks"][path] < the task's own."""
+        merged = dict(self.default_options)
+        merged.update(self.task_options.get(task.module_path, {}))
+        for name in TASK_OPTIONS:
+            value = getattr(task, name, None)
+            if value is not None:
+                merged[name] = value
+        return merged
+
+    # --- enqueue -----------------------------------------------------------------------------
+
+    def enqueue(self, task, args, kwargs):
+        """Store the task as an fq job (in the caller's transaction) and return its ``TaskResult``.
+
+        ``args``/``kwargs`` must be JSON (Django's normalisation applies:
+        tuples become lists). A job coalesced onto an existing one by an
+        idempotency token or unique key returns that job's result and does
+        not send ``task_enqueued``. With ``enqueue_on_commit`` the job is
+        written when the transaction commits, see :meth:`_enqueue_on_commit`.
+        """
+        self.validate_task(task)
+        args = tasks.normalize_json(list(args))
+        kwargs = tasks.normalize_json(dict(kwargs))
+        queue = self.fq_queues[task.queue_name]
+        payload = {
+            "v": PAYLOAD_VERSION,
+            "task": task.module_path,
+            "backend": self.alias,
+            "queue_name": task.queue_name,
+            "priority": task.priority,
+            "run_after": None if task.run_after is None else task.run_after.isoformat(),
+            "takes_context": bool(task.takes_context),
+            "args": args,
+            "kwargs": kwargs,
+        }
+        options = self._job_options(task, args, kwargs)
+        if self.enqueue_on_commit is not None:
+            return self._enqueue_on_commit(task, queue, payload, options)
+        created = fq.enqueue(queue, payload, priority=task.priority, at=task.run_after, **options)
+        result = self.result_from_job(fq.get(queue, created.id), task=task if created.created else None)
+        if created.created:
+            tasks.task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def _job_options(self, task, args: list, kwargs: dict) -> dict:
+        """The keyword options of ``services.enqueue`` for this call (keys resolved from the arguments)."""
+        out = {}
+        for name, value in self.options_for(task).items():
+            if name in _INT_OPTIONS:
+                out[name] = value
+                continue
+            key = _resolve_key(name, value, task, args, kwargs)
+            if key is not None:
+                out[name] = key
+        return out
+
+    def _enqueue_on_commit(self, task, queue: str, payload: dict, options: dict):
+        """Write the job when the ``enqueue_on_commit`` database's transaction commits.
+
+        The returned result has a provisional id: the job's idempotency token
+        (the task's own, or a fresh random one). :meth:`get_result` resolves
+        it while the token lives (the queue's ``idempotency_retention_ms``).
+        At commit the same object is updated in place: its ``id`` becomes the
+        job id, which stays valid for the job's life. A rollback discards the
+        enqueue; nothing is written.
+        """
+        token = options.get("idempotency") or secrets.token_hex(16)
+        options = {**options, "idempotency": token}
+        result = tasks.TaskResult(
+            task=task,
+            id=token,
+            status=tasks.TaskResultStatus.READY,
+            enqueued_at=None,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=payload["args"],
+            kwargs=payload["kwargs"],
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+
+        def write():
+            created = fq.enqueue(queue, payload, priority=task.priority, at=task.run_after, **options)
+            fresh = self.result_from_job(fq.get(queue, created.id), task=task)
+            for name in _RESULT_STATE:
+                object.__setattr__(result, name, getattr(fresh, name))
+            if created.created:
+                tasks.task_enqueued.send(type(self), task_result=result)
+
+        transaction.on_commit(write, using=self.enqueue_on_commit)
+        return result
+
+    # --- results -----------------------------------------------------------------------------
+
+    def get_result(self, result_id):
+        """The ``TaskResult`` of job ``result_id`` (or of a provisional on-commit id), from any process.
+
+        Raises ``TaskResultDoesNotExist`` when no queue of this backend holds
+        a task job with that id (also once a finished job was pruned).
+        """
+        if not isinstance(result_id, str) or not result_id:
+            raise tasks.TaskResultDoesNotExist(result_id)
+        for queue in self.fq_queues.values():
+            try:
+                return self.result_from_job(fq.get(queue, result_id))
+            except (QueueNotFound, JobNotFound):
+                continue
+        found = self._job_by_token(result_id)
+        if found is not None:
+            return self.result_from_job(found)
+        raise tasks.TaskResultDoesNotExist(result_id)
+
+    def _job_by_token(self, token: str):
+        """The job an idempotency token of one of our queues points to (provisional on-commit ids)."""
+        if len(token) > validation.MAX_KEY_LENGTH:
+            return None
+        from ..models import IdempotencyToken
+
+        row = (
+            IdempotencyToken.objects.using(conf.database())
+            .filter(queue__name__in=list(self.fq_queues.values()), token=token)
+            .values_list("queue__name", "job_uid")
+            .first()
+        )
+        if row is None:
+            return None
+        try:
+            return fq.get(row[0], row[1])
+        except (QueueNotFound, JobNotFound):
+            return None
+
+    def load_task(self, payload: dict):
+        """The ``Task`` a job payload names, as it was enqueued (priority, queue, run_after, backend)."""
+        target = import_string(payload["task"])
+        if isinstance(target, tasks.Task):
+            base = target
+        elif callable(target):  # a plain function whose Task object lives under another name
+            base = self.task_class(
+                func=target,
+                backend=payload["backend"],
+                queue_name=payload.get("queue_name", next(iter(self.queues))),
+                takes_context=bool(payload.get("takes_context")),
+            )
+        else:
+            raise ValueError(f"{payload['task']!r} is not a task")
+        run_after = payload.get("run_after")
+        changes = {
+            "priority": payload.get("priority", base.priority),
+            "queue_name": payload.get("queue_name", base.queue_name),
+            "backend": payload["backend"],
+            "run_after": None if run_after is None else dt.datetime.fromisoformat(run_after),
+        }
+        if all(getattr(base, k) == v for k, v in changes.items()):
+            return base
+        try:
+            return dataclasses.replace(base, **changes)
+        except (tasks.InvalidTask, tasks.InvalidTaskBackend):
+            return base  # the configuration changed since; still report the task
+
+    def result_from_job(self, info, *, task=None):
+        """A ``TaskResult`` built from a job's :class:`~django_fq.types.JobInfo` (fetched with payload).
+
+        Status: scheduled/ready → READY, running → RUNNING, succeeded →
+        SUCCESSFUL, dead/cancelled → FAILED. ``errors`` has one entry per
+        failed attempt (and one for a cancel); ``worker_ids`` one per attempt.
+        """
+        payload = info.payload
+        if not is_task_payload(payload):
+            raise tasks.TaskResultDoesNotExist(info.id)
+        if task is None:
+            task = self.load_task(payload)
+        errors, worker_ids = attempt_history(info)
+        claimed = to_datetime(info.claimed_at)
+        finished = None
+        if info.state in _FINAL:
+            finished = to_datetime(info.finished_at if info.finished_at is not None else info.changed_at)
+        result = tasks.TaskResult(
+            task=task,
+            id=info.id,
+            status=_STATUS[info.state],
+            enqueued_at=to_datetime(info.enqueued_at),
+            started_at=claimed,
+            finished_at=finished,
+            last_attempted_at=claimed,
+            args=payload["args"],
+            kwargs=payload["kwargs"],
+            backend=payload["backend"],
+            errors=errors,
+            worker_ids=worker_ids,
+        )
+        if info.state == "succeeded":
+            object.__setattr__(result, "_return_value", info.result)
+        return result
+
+
+def _resolve_key(name: str, value: Any, task, args: list, kwargs: dict) -> str | None:
+    """A ``unique_key`` / ``idempotency`` value for one call: a template filled in, or a callable's answer."""
+    if callable(value):
+        key = value(*args, **kwargs)
+    else:
+        fields = dict(kwargs)
+        fields.setdefault("task", task.module_path)
+        try:
+            key = value.format(*args, **fields)
+        except (IndexError, KeyError, AttributeError, ValueError) as exc:
+            raise tasks.InvalidTask(f"{task.module_path}: cannot fill {name} template {value!r}: {exc!r}") from None
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise tasks.InvalidTask(f"{task.module_path}: {name} must be a string, got {type(key).__name__}")
+    try:
+        return validation.key(key, name)
+    except InvalidArgument as exc:
+        raise tasks.InvalidTask(f"{task.module_path}: {exc.message}") from None

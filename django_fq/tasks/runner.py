@@ -1,0 +1,175 @@
+"""The fq handler that runs Django Tasks jobs, and its registration for the backends' queues.
+
+``manage.py fq_worker`` needs no change to run tasks: ``django_fq.fq_handlers``
+(found by the worker's handler autodiscovery) registers :func:`run_task` as
+the handler of every queue of every :class:`~django_fq.tasks.FqBackend`
+alias in ``TASKS``. Creating a backend registers it too.
+
+One run of :func:`run_task`:
+
+1. reads the job (for the worker id and the history of earlier attempts) and
+   builds the ``TaskResult`` (status RUNNING);
+2. sends ``task_started``;
+3. calls the task function — coroutine functions through ``async_to_sync`` —
+   with a ``TaskContext`` first when the task ``takes_context``
+   (``context.attempt`` is the job's attempt number, 1 for the first run);
+4. on success sends ``task_finished`` (SUCCESSFUL) and returns the return
+   value, which the worker stores as the job's result (ack);
+5. on an exception adds a note with the exception's class path (so the
+   stored error names it, see :mod:`django_fq.tasks.history`), sends
+   ``task_finished`` — status FAILED when no attempt is left, READY when the
+   job will be retried — and re-raises: the worker nacks, and the queue's
+   backoff and ``max_attempts`` apply. Raising
+   :class:`django_fq.PermanentFailure` from a task ends it at once (FAILED).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import traceback
+
+from django.utils.module_loading import import_string
+
+from .. import handlers, validation
+from .. import services as fq
+from ..exceptions import PermanentFailure
+from . import _compat as tasks
+from .backend import is_task_payload
+from .errors import class_path
+from .history import NOTE_PREFIX, exception_note
+
+log = logging.getLogger("django_fq.tasks")
+
+
+def run_task(job):
+    """Handler of the Tasks queues: run the task a job's payload names (see the module docstring)."""
+    payload = job.payload
+    if not is_task_payload(payload):
+        raise PermanentFailure(f"job {job.id} on queue {job.queue} is not a Django Tasks job (no task payload)")
+    backend = tasks.task_backends[payload["backend"]]
+    if not getattr(backend, "is_fq_backend", False):
+        raise RuntimeError(f"TASKS[{payload['backend']!r}] is not a django-fq backend")
+    info = fq.get(job.queue, job.id)
+    task = backend.load_task(payload)
+    result = backend.result_from_job(info, task=task)
+    attempts = int(getattr(job, "attempts", info.attempts) or info.attempts)
+    max_attempts = int(getattr(job, "max_attempts", info.max_attempts) or info.max_attempts)
+    _fit_attempts(result, attempts)
+    tasks.task_started.send(sender=type(backend), task_result=result)
+    try:
+        if task.takes_context:
+            value = task.call(tasks.TaskContext(task_result=result), *result.args, **result.kwargs)
+        else:
+            value = task.call(*result.args, **result.kwargs)
+        value = tasks.normalize_json(value)
+        validation.json_text(value, "result")
+    except BaseException as exc:
+        path = class_path(type(exc))
+        _add_note(exc, path)
+        final = isinstance(exc, PermanentFailure) or attempts >= max_attempts
+        result.errors.append(tasks.TaskError(exception_class_path=path, traceback=_traceback(exc)))
+        object.__setattr__(result, "status", tasks.TaskResultStatus.FAILED if final else tasks.TaskResultStatus.READY)
+        if final:
+            object.__setattr__(result, "finished_at", _now())
+        _finished(backend, result)
+        raise
+    object.__setattr__(result, "status", tasks.TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "finished_at", _now())
+    object.__setattr__(result, "_return_value", value)
+    _finished(backend, result)
+    return value
+
+
+def _fit_attempts(result, attempts: int) -> None:
+    """Make ``len(worker_ids)`` — Django's attempt count — equal the job's attempt number.
+
+    The history may hold attempts from before a manual ``retry`` (which
+    restarts the count) or may have dropped very old ones (it keeps 100).
+    """
+    ids = list(result.worker_ids)
+    if attempts <= 0:
+        return
+    if len(ids) > attempts:
+        ids = ids[len(ids) - attempts :]
+    elif len(ids) < attempts:
+        ids = [""] * (attempts - len(ids)) + ids
+    object.__setattr__(result, "worker_ids", ids)
+
+
+def _add_note(exc: BaseException, path: str) -> None:
+    note = exception_note(path)
+    notes = getattr(exc, "__notes__", None) or []
+    if note not in notes:
+        try:
+            exc.add_note(note)
+        except Exception:  # noqa: BLE001 - a read-only exception object keeps its text as is
+            pass
+
+
+def _traceback(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception(exc))
+    return "".join(line for line in text.splitlines(keepends=True) if not line.startswith(NOTE_PREFIX))
+
+
+def _finished(backend, result) -> None:
+    """Send ``task_finished``; a failing receiver is logged and never changes the task's outcome."""
+    for receiver, response in tasks.task_finished.send_robust(type(backend), task_result=result):
+        if isinstance(response, Exception):
+            log.error(
+                "task_finished receiver %r failed for task %s", receiver, result.id, exc_info=response
+            )
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def register_backend(backend, *, strict: bool = True) -> None:
+    """Register :func:`run_task` as the handler of each of ``backend``'s fq queues.
+
+    With ``strict``, a queue that already has another handler raises
+    ``InvalidTaskBackend``; otherwise that queue is skipped (the system check
+    and the worker's autodiscovery report it).
+    """
+    for fq_queue in backend.fq_queues.values():
+        current = handlers.get(fq_queue)
+        if current is run_task:
+            continue
+        if current is not None:
+            if strict:
+                raise tasks.InvalidTaskBackend(
+                    f"TASKS[{backend.alias!r}]: queue {fq_queue!r} already has the handler "
+                    f"{current.__module__}.{current.__qualname__}; a Tasks queue needs its own fq queue "
+                    f"(set OPTIONS['queue_prefix'] or rename the queue)"
+                )
+            continue
+        handlers.handler(fq_queue)(run_task)
+
+
+def fq_backend_aliases(task_settings: dict | None) -> list[str]:
+    """Aliases of ``TASKS`` whose ``BACKEND`` is a django-fq backend (a class with ``is_fq_backend``)."""
+    aliases = []
+    for alias, params in (task_settings or {}).items():
+        path = (params or {}).get("BACKEND", "")
+        try:
+            cls = import_string(path)
+        except ImportError:
+            if str(path).startswith("django_fq."):
+                raise
+            continue
+        if getattr(cls, "is_fq_backend", False):
+            aliases.append(alias)
+    return aliases
+
+
+def register_configured() -> list[str]:
+    """Register the handlers of every django-fq alias of ``settings.TASKS``; return the fq queues."""
+    from django.conf import settings
+
+    queues: list[str] = []
+    for alias in fq_backend_aliases(getattr(settings, "TASKS", None)):
+        backend = tasks.task_backends[alias]
+        register_backend(backend, strict=True)
+        queues.extend(backend.fq_queues.values())
+    return queues
