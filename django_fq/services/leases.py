@@ -487,7 +487,7 @@ def fail_attempt(
     }
     if dead:
         outcome = {"state": "dead", "run_at": None}
-        changes.update(state="dead")
+        changes.update(state="dead", finished_at=now)
     else:
         delay = backoff_ms(policy_of(job.queue), job.attempts) if delay_ms is None else delay_ms
         run_at = base_ms + delay
