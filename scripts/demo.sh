@@ -117,4 +117,8 @@ job = json.load(sys.stdin)
 print("job %s: state=%s attempts=%s result=%s" % (job["id"], job["state"], job["attempts"], json.dumps(job.get("result"))))'
 note "emails written to var/emails: $(count_emails) (still $N_EMAILS)"
 
+step "The admin: a demo superuser admin / admin (for this local demo only)"
+DJANGO_SUPERUSER_PASSWORD=admin "$PY" manage.py createsuperuser --noinput --username admin --email admin@example.com || true
+note "Run: DEBUG=1 $PY manage.py runserver, open http://127.0.0.1:8000/admin/ and log in as admin / admin (Job queues > Queue dashboard)"
+
 printf '\n%sDone.%s Look around: var/emails/ (the sent mails), python manage.py fq --help, docs/quickstart.md\n' "$B" "$R"

@@ -1,0 +1,36 @@
+"""Django admin pages of django-fq: inspect and repair queues and jobs.
+
+Registered on the default admin site when ``django.contrib.admin`` is
+installed (its autodiscovery imports this package):
+
+* Queues — counts per state, totals, average wait/run time; the policy form
+  calls ``services.configure``; deleting asks for confirmation and calls
+  ``services.delete_queue``. The dashboard page hangs off this admin.
+* Jobs — list, filters (queue, reported state), exact search (job id,
+  idempotency token, unique key), read-only detail; retry / requeue / cancel
+  through the service verbs. Never added, edited or deleted here.
+* Leases and idempotency tokens — read only.
+
+To register them on another ``AdminSite``, call :func:`register` with it.
+See ``docs/admin.md``.
+"""
+
+from django.contrib import admin
+
+from ..models import IdempotencyToken, Job, Lease, Queue
+from .jobs import JobAdmin
+from .queues import QueueAdmin
+from .records import IdempotencyTokenAdmin, LeaseAdmin
+
+__all__ = ["IdempotencyTokenAdmin", "JobAdmin", "LeaseAdmin", "QueueAdmin", "register"]
+
+
+def register(site: admin.AdminSite) -> None:
+    """Register django-fq's model admins on ``site``."""
+    site.register(Queue, QueueAdmin)
+    site.register(Job, JobAdmin)
+    site.register(Lease, LeaseAdmin)
+    site.register(IdempotencyToken, IdempotencyTokenAdmin)
+
+
+register(admin.site)

@@ -1,0 +1,241 @@
+"""Numbers behind the admin's queue pages and the dashboard chart.
+
+* :func:`count_annotations` — job counts per reported state as correlated
+  subqueries, so a page of queues gets all its counts from the one query that
+  lists them.
+* :func:`counter_totals` — the totals and timing sums of many queues, summed
+  over their counter shards in one grouped query.
+* :func:`activity` — jobs finished and failed attempts of the last hour in
+  one-minute buckets, and :func:`chart` — the geometry of the inline SVG that
+  shows them.
+
+Where the chart's numbers come from (also in ``docs/admin.md``):
+
+* *finished*: succeeded jobs, bucketed by ``finished_at`` (the ack's database
+  time). They stay in the table until pruned (7 days by default), so the last
+  hour is complete unless ``FQ_FINISHED_RETENTION_MS`` is below one hour.
+* *failed attempts*: entries of the jobs' error history of kind ``nack``,
+  ``expired`` (lease ran out) or ``timeout``, bucketed by their ``at`` time.
+  An entry at time *t* implies the job's ``changed_at`` ≥ *t*, so only jobs
+  changed within the hour that have a history are read, newest first, and at
+  most :data:`FAILURE_SCAN_LIMIT` of them (the chart says when it was cut).
+  Counters are not used: they are running totals, not time series.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, OuterRef, Q, Subquery, Sum, Value
+from django.db.models.functions import Coalesce
+
+from .. import db
+from ..models import Job, Queue, QueueCounter
+from ..services._base import manager
+from ..types import STATE_NAMES, TIMING_NAMES, TOTAL_NAMES
+from . import display
+
+MINUTE_MS = 60_000
+#: One-minute buckets shown by the chart: the last hour.
+BUCKETS = 60
+#: History kinds that count as a failed attempt (``release`` and ``cancel`` do not).
+FAILURE_KINDS = frozenset({"nack", "expired", "timeout"})
+#: Most jobs whose error history one dashboard view reads.
+FAILURE_SCAN_LIMIT = 20_000
+
+
+def count_annotations() -> dict:
+    """``n_<state>`` annotations for a queue queryset: its number of jobs in each reported state.
+
+    Each is a correlated subquery on the job table (its ``queue, state``
+    index), so the page's one query computes the counts of the listed queues
+    only, and the paginator's ``COUNT(*)`` over queues does not touch jobs.
+    ``scheduled`` and ``ready`` compare ``run_at`` with the database clock
+    (:class:`~django_fq.db.DbNow`), exactly as the services do.
+    """
+    now = db.DbNow()
+    conditions = {
+        "scheduled": Q(state="queued", run_at__gt=now),
+        "ready": Q(state="queued", run_at__lte=now),
+        "running": Q(state="running"),
+        "succeeded": Q(state="succeeded"),
+        "dead": Q(state="dead"),
+        "cancelled": Q(state="cancelled"),
+    }
+    jobs = Job.objects.order_by()
+    return {
+        f"n_{state}": Coalesce(
+            Subquery(
+                jobs.filter(cond, queue_id=OuterRef("pk")).values("queue_id").annotate(n=Count("seq")).values("n"),
+                output_field=BigIntegerField(),
+            ),
+            Value(0),
+            output_field=BigIntegerField(),
+        )
+        for state, cond in conditions.items()
+    }
+
+
+def counts_of(queue: Queue) -> dict[str, int]:
+    """The ``n_<state>`` annotations of a queue row as ``{state: count}``."""
+    return {s: int(getattr(queue, f"n_{s}", 0) or 0) for s in STATE_NAMES}
+
+
+def counter_totals(queue_ids) -> dict[int, dict[str, int]]:
+    """``{queue_id: {total or timing name: value}}`` for ``queue_ids``, in one query.
+
+    Every name of ``TOTAL_NAMES`` and ``TIMING_NAMES`` is present (0 when a
+    queue has no counter rows yet).
+    """
+    names = TOTAL_NAMES + TIMING_NAMES
+    ids = list(queue_ids)
+    out = {qid: dict.fromkeys(names, 0) for qid in ids}
+    if not ids:
+        return out
+    rows = (
+        manager(QueueCounter)
+        .filter(queue_id__in=ids)
+        .order_by()
+        .values("queue_id")
+        .annotate(**{f"s_{n}": Sum(n) for n in names})
+    )
+    for row in rows:
+        out[row["queue_id"]] = {n: int(row[f"s_{n}"] or 0) for n in names}
+    return out
+
+
+@dataclass(frozen=True)
+class Activity:
+    """Per-minute numbers of the last hour: bucket ``i`` covers ``[start + i min, start + (i+1) min)``."""
+
+    start: int
+    end: int
+    now: int
+    finished: list[int]
+    failures: list[int]
+    #: True when more than FAILURE_SCAN_LIMIT jobs had to be read for failures.
+    partial: bool
+
+
+def activity(queue_id: int | None = None) -> Activity:
+    """Jobs finished and failed attempts per minute over the last hour (database clock).
+
+    The last bucket is the current, still running minute. ``queue_id``
+    restricts the numbers to one queue.
+    """
+    now = db.db_now_ms()
+    end = (now // MINUTE_MS + 1) * MINUTE_MS
+    start = end - BUCKETS * MINUTE_MS
+    jobs = manager(Job).order_by()
+    if queue_id is not None:
+        jobs = jobs.filter(queue_id=queue_id)
+
+    finished = [0] * BUCKETS
+    bucket = ExpressionWrapper(
+        (F("finished_at") - Value(start)) / Value(MINUTE_MS), output_field=BigIntegerField()
+    )
+    rows = (
+        jobs.filter(state="succeeded", finished_at__gte=start, finished_at__lt=end)
+        .annotate(bucket=bucket)
+        .values("bucket")
+        .annotate(n=Count("seq"))
+    )
+    for row in rows:
+        if 0 <= row["bucket"] < BUCKETS:
+            finished[row["bucket"]] += row["n"]
+
+    failures = [0] * BUCKETS
+    histories = (
+        jobs.filter(changed_at__gte=start)
+        .exclude(errors=[])
+        .order_by("-changed_at")
+        .values_list("errors", flat=True)[: FAILURE_SCAN_LIMIT + 1]
+    )
+    seen = 0
+    for errors in histories:
+        seen += 1
+        if seen > FAILURE_SCAN_LIMIT:
+            break
+        for entry in errors or ():
+            if not isinstance(entry, dict) or entry.get("kind") not in FAILURE_KINDS:
+                continue
+            at = entry.get("at")
+            if isinstance(at, int) and start <= at < end:
+                failures[(at - start) // MINUTE_MS] += 1
+    return Activity(start, end, now, finished, failures, partial=seen > FAILURE_SCAN_LIMIT)
+
+
+def _nice_step(value: int) -> int:
+    """The smallest 1, 2 or 5 × 10^k that is at least ``value`` (and at least 1)."""
+    step = 1
+    while True:
+        for m in (1, 2, 5):
+            if step * m >= value:
+                return step * m
+        step *= 10
+
+
+def chart(act: Activity, *, width: int = 760, height: int = 240) -> dict:
+    """Geometry of the activity chart: bars, grid lines and labels, in SVG user units.
+
+    Two bars per minute, finished (left) and failed attempts (right), on one
+    shared y axis with four grid lines at round numbers.
+    """
+    left, right, top, bottom = 48, 24, 12, 30
+    plot_w, plot_h = width - left - right, height - top - bottom
+    peak = max([*act.finished, *act.failures, 0])
+    step = _nice_step(-(-peak // 4))  # ceil(peak / 4), rounded up to a nice number
+    ymax = step * 4
+    slot = plot_w / BUCKETS
+    bar_w = round(slot * 0.38, 2)
+    base = top + plot_h
+
+    def label(i: int) -> str:
+        return display.utc(act.start + i * MINUTE_MS).strftime("%H:%M")
+
+    bars = []
+    for i in range(BUCKETS):
+        x0 = left + i * slot + slot * 0.1
+        for series, values, offset, noun in (
+            ("finished", act.finished, 0.0, "finished"),
+            ("failed", act.failures, bar_w, "failed attempts"),
+        ):
+            v = values[i]
+            if not v:
+                continue
+            h = max(v / ymax * plot_h, 1.0)
+            bars.append(
+                {
+                    "series": series,
+                    "x": round(x0 + offset, 2),
+                    "y": round(base - h, 2),
+                    "w": bar_w,
+                    "h": round(h, 2),
+                    "title": f"{label(i)}–{label(i + 1)} UTC: {v} {noun}",
+                }
+            )
+    grid = [{"y": round(base - k * plot_h / 4, 2), "value": step * k} for k in range(5)]
+    ticks = [{"x": round(left + i * slot, 2), "label": label(i)} for i in range(0, BUCKETS + 1, 10)]
+    minutes = [
+        {"label": f"{label(i)}–{label(i + 1)}", "finished": act.finished[i], "failed": act.failures[i]}
+        for i in range(BUCKETS)
+        if act.finished[i] or act.failures[i]
+    ]
+    return {
+        "width": width,
+        "height": height,
+        "left": left,
+        "right_x": width - right,
+        "top": top,
+        "base": base,
+        "label_y": base + 18,
+        "bars": bars,
+        "grid": grid,
+        "ticks": ticks,
+        "minutes": minutes,
+        "total_finished": sum(act.finished),
+        "total_failed": sum(act.failures),
+        "start": display.instant(act.start),
+        "end": display.instant(act.end),
+        "partial": act.partial,
+    }

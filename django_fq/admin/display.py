@@ -1,0 +1,90 @@
+"""Formatting helpers shared by the admin pages: instants, durations, JSON.
+
+Every instant django-fq stores is an integer of epoch milliseconds taken from
+the database clock. The admin shows it as a UTC date and time to the
+millisecond and keeps the raw number beside it, so what a person reads can be
+matched with what the API, the CLI and the logs print.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+from django.utils.html import format_html
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+EMPTY = "—"
+
+#: Largest part of a payload or result rendered on a detail page (characters of
+#: the pretty-printed text). Payloads may be up to 32 MiB; a page that size helps
+#: nobody, so the rest is cut with a note.
+MAX_SHOWN_CHARS = 200_000
+
+
+def utc(ms: int | None) -> dt.datetime | None:
+    """The aware UTC datetime of ``ms`` epoch milliseconds (``None`` stays ``None``)."""
+    if ms is None:
+        return None
+    return _EPOCH + dt.timedelta(milliseconds=int(ms))
+
+
+def instant(ms: int | None) -> str:
+    """``ms`` as ``YYYY-MM-DD HH:MM:SS.mmm UTC`` (an em dash when unset)."""
+    when = utc(ms)
+    if when is None:
+        return EMPTY
+    return when.strftime("%Y-%m-%d %H:%M:%S.") + f"{when.microsecond // 1000:03d} UTC"
+
+
+def instant_short(ms: int | None):
+    """``ms`` as ``YYYY-MM-DD HH:MM:SS`` (UTC, whole seconds) that does not wrap, for list columns."""
+    when = utc(ms)
+    if when is None:
+        return EMPTY
+    return format_html('<span class="fq-nowrap" title="{}">{}</span>', instant(ms), when.strftime("%Y-%m-%d %H:%M:%S"))
+
+
+def instant_html(ms: int | None):
+    """``ms`` as readable UTC text followed by the raw epoch milliseconds, for detail pages."""
+    if ms is None:
+        return EMPTY
+    return format_html('{} <span class="fq-raw">({} ms)</span>', instant(ms), ms)
+
+
+def duration(ms: int | float | None) -> str:
+    """A duration in ms as short text: ``850 ms``, ``1.25 s``, ``3 min 5 s``, ``2 h 0 min``, ``1 d 2 h``."""
+    if ms is None:
+        return EMPTY
+    ms = float(ms)
+    if ms < 1000:
+        return f"{ms:.0f} ms" if ms == int(ms) or ms >= 10 else f"{ms:.1f} ms"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.3g} s" if seconds < 10 else f"{seconds:.0f} s"
+    minutes, sec = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {sec} s" if sec else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h" if hours else f"{days} d"
+
+
+def average(total: int, count: int) -> str:
+    """``total / count`` as a duration, or an em dash when nothing was measured."""
+    return duration(total / count) if count else EMPTY
+
+
+def pretty_json(value, *, limit: int = MAX_SHOWN_CHARS) -> str:
+    """``value`` as indented JSON text, cut after ``limit`` characters with a note."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
+    if len(text) > limit:
+        text = text[:limit] + f"\n… [cut: {len(text) - limit} more characters not shown]"
+    return text
+
+
+def json_block(value):
+    """``value`` pretty-printed inside an escaped ``<pre>`` block."""
+    return format_html('<pre class="fq-json">{}</pre>', pretty_json(value))

@@ -1,0 +1,361 @@
+"""Admin for jobs: a read-only list and detail, and repair through the service verbs.
+
+Nothing here writes a job row itself. Retry, cancel and requeue call
+:func:`django_fq.services.retry`, :func:`~django_fq.services.cancel` and
+:func:`django_fq.services.jobs.requeue`, so the admin obeys the same rules and
+shows the same error messages as the Python API, the CLI and the REST API.
+Jobs are never added or deleted here (SPEC §9: cancel, then prune).
+
+Receipts are never shown: the database has only their hashes (``Lease.
+receipt_hash``, ``Job.settled_hash``) and a digest of the last settle's
+arguments (``Job.settled_args``); none of them is a field of these pages.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.db.models import Case, F, Q, Value, When
+from django.db.models.functions import Left
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+
+from .. import conf, db
+from .. import services as fq
+from ..exceptions import FqError
+from ..models import Job, Lease
+from ..services.jobs import requeue
+from ..types import STATE_NAMES
+from . import display
+
+#: Most jobs one bulk action handles; the message says when more were selected.
+ACTION_LIMIT = 1000
+#: Failures named one by one in the message of a bulk action.
+NAMED_FAILURES = 5
+#: Columns never loaded for the list: large, or secret-adjacent (hashes of receipts).
+LIST_DEFERRED = ("payload", "result", "errors", "last_error", "settled_hash", "settled_op", "settled_args", "settled_outcome")
+
+#: The repair verbs: name -> (service function, button label, past tense, states it applies to).
+VERBS = {
+    "retry": (fq.retry, "Retry", "retried", ("dead",)),
+    "requeue": (requeue, "Requeue now", "requeued", ("scheduled",)),
+    "cancel": (fq.cancel, "Cancel job", "cancelled", ("scheduled", "ready", "running", "dead")),
+}
+
+
+def reported_state(qs, state: str):
+    """``qs`` restricted to jobs whose reported state is ``state`` (database clock for scheduled/ready)."""
+    if state == "scheduled":
+        return qs.filter(state="queued", run_at__gt=db.DbNow())
+    if state == "ready":
+        return qs.filter(state="queued", run_at__lte=db.DbNow())
+    return qs.filter(state=state)
+
+
+class StateFilter(admin.SimpleListFilter):
+    """Filter by reported state: scheduled/ready are told apart by the database clock."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request, model_admin):
+        return [(s, s) for s in STATE_NAMES]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value in STATE_NAMES:
+            return reported_state(queryset, value)
+        return queryset
+
+
+class JobAdmin(admin.ModelAdmin):
+    """Jobs: list filtered by queue and state, exact search, read-only detail, repair actions."""
+
+    class Media:
+        css = {"all": ("django_fq/admin.css",)}
+
+    list_display = ("uid", "queue", "state_badge", "priority", "attempts_of", "enqueued", "runs_at", "worker", "error_head")
+    list_filter = ("queue", StateFilter)
+    list_select_related = ("queue",)
+    search_fields = ("uid", "idempotency", "unique_key")
+    search_help_text = "Exact job id, idempotency token or unique key."
+    ordering = ("-seq",)
+    list_per_page = 50
+    show_full_result_count = False
+    actions = ("retry_selected", "requeue_selected", "cancel_selected")
+    fieldsets = (
+        (None, {"fields": ("uid", "queue", "state_badge", "priority", "attempts_of", "timeout", "unique_key", "idempotency")}),
+        ("Times (database clock, UTC)", {"fields": ("enqueued_at_at", "run_at_at", "claimed_at_at", "changed_at_at", "finished_at_at")}),
+        ("Lease", {"fields": ("lease_deadline", "lease_worker", "lease_generation")}),
+        ("Payload", {"fields": ("payload_pretty",)}),
+        ("Result", {"fields": ("result_pretty",)}),
+        ("Errors", {"fields": ("last_error_text", "error_history")}),
+    )
+    readonly_fields = tuple(f for _, opts in fieldsets for f in opts["fields"])
+
+    # --- queryset, search -------------------------------------------------------------
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .using(conf.database())
+            .select_related("queue")
+            .annotate(reported=_reported_expression())
+        )
+
+    def get_changelist(self, request, **kwargs):
+        return JobChangeList
+
+    def get_search_results(self, request, queryset, search_term):
+        """Exact match on the job id, the idempotency token or the unique key (case-sensitive)."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        return queryset.filter(Q(uid=term) | Q(idempotency=term) | Q(unique_key=term)), False
+
+    # --- permissions: read-only rows; "change" means the right to repair -----------------
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    # --- list columns -------------------------------------------------------------------
+
+    @admin.display(description="state", ordering="state")
+    def state_badge(self, obj):
+        state = getattr(obj, "reported", None) or obj.state
+        return format_html('<span class="fq-state fq-state-{}">{}</span>', state, state)
+
+    @admin.display(description="attempts", ordering="attempts")
+    def attempts_of(self, obj):
+        return f"{obj.attempts} / {obj.max_attempts}"
+
+    @admin.display(description="enqueued (UTC)", ordering="enqueued_at")
+    def enqueued(self, obj):
+        return display.instant_short(obj.enqueued_at)
+
+    @admin.display(description="run at (UTC)", ordering="run_at")
+    def runs_at(self, obj):
+        return display.instant_short(obj.run_at)
+
+    @admin.display(description="last error")
+    def error_head(self, obj):
+        text = getattr(obj, "error_start", None)
+        if text is None:
+            text = obj.last_error
+        text = (text or "").splitlines()[0] if text else ""
+        return text[:100] + ("…" if len(text) > 100 else "") if text else ""
+
+    # --- detail fields ------------------------------------------------------------------
+
+    @admin.display(description="timeout")
+    def timeout(self, obj):
+        return display.duration(obj.timeout_ms) if obj.timeout_ms else "none"
+
+    @admin.display(description="enqueued at")
+    def enqueued_at_at(self, obj):
+        return display.instant_html(obj.enqueued_at)
+
+    @admin.display(description="run at")
+    def run_at_at(self, obj):
+        return display.instant_html(obj.run_at)
+
+    @admin.display(description="claimed at")
+    def claimed_at_at(self, obj):
+        return display.instant_html(obj.claimed_at)
+
+    @admin.display(description="last change")
+    def changed_at_at(self, obj):
+        return display.instant_html(obj.changed_at)
+
+    @admin.display(description="finished at")
+    def finished_at_at(self, obj):
+        return display.instant_html(obj.finished_at)
+
+    def _lease(self, obj):
+        if not hasattr(obj, "_fq_lease"):
+            obj._fq_lease = (
+                Lease.objects.using(conf.database())
+                .filter(job_id=obj.pk)
+                .only("deadline", "worker", "generation", "claimed_at")
+                .first()
+            )
+        return obj._fq_lease
+
+    @admin.display(description="lease deadline")
+    def lease_deadline(self, obj):
+        lease = self._lease(obj)
+        if lease is None:
+            return "no live lease"
+        return display.instant_html(lease.deadline)
+
+    @admin.display(description="worker")
+    def lease_worker(self, obj):
+        lease = self._lease(obj)
+        worker = lease.worker if lease is not None else obj.worker
+        return worker or display.EMPTY
+
+    @admin.display(description="lease generation")
+    def lease_generation(self, obj):
+        return obj.generation
+
+    @admin.display(description="payload")
+    def payload_pretty(self, obj):
+        return display.json_block(obj.payload_value)
+
+    @admin.display(description="result")
+    def result_pretty(self, obj):
+        if obj.result is None:
+            return display.EMPTY
+        return display.json_block(obj.result_value)
+
+    @admin.display(description="last error")
+    def last_error_text(self, obj):
+        if not obj.last_error:
+            return display.EMPTY
+        return format_html('<pre class="fq-error">{}</pre>', obj.last_error)
+
+    @admin.display(description="history (newest last)")
+    def error_history(self, obj):
+        entries = [e for e in (obj.errors or []) if isinstance(e, dict)]
+        if not entries:
+            return display.EMPTY
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><pre class=\"fq-error\">{}</pre></td></tr>",
+            (
+                (
+                    display.instant(e.get("at")) if isinstance(e.get("at"), int) else display.EMPTY,
+                    e.get("attempt", ""),
+                    e.get("kind", ""),
+                    e.get("worker") or display.EMPTY,
+                    e.get("error") or "",
+                )
+                for e in entries
+            ),
+        )
+        return format_html(
+            '<table class="fq-history"><thead><tr><th>at (UTC)</th><th>attempt</th><th>kind</th>'
+            "<th>worker</th><th>error</th></tr></thead><tbody>{}</tbody></table>",
+            rows,
+        )
+
+    # --- detail page: read-only, with repair buttons -------------------------------------
+
+    def get_urls(self):
+        info = self.opts.app_label, self.opts.model_name
+        wrap = self.admin_site.admin_view
+        return [
+            path(f"<path:object_id>/{verb}/", wrap(self.repair_view), {"verb": verb}, name="%s_%s_" % info + verb)
+            for verb in VERBS
+        ] + super().get_urls()
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        if request.method == "POST":
+            # Jobs are not edited in place; repairs go through the buttons' own URLs.
+            raise PermissionDenied
+        extra_context = dict(extra_context or {})
+        extra_context.update(
+            show_save=False, show_save_and_continue=False, show_save_and_add_another=False, show_delete=False
+        )
+        obj = self.get_object(request, object_id) if object_id else None
+        if obj is not None:
+            extra_context["title"] = f"Job {obj.uid}"
+            extra_context["fq_repair_buttons"] = self._buttons(request, obj)
+        return super().changeform_view(request, object_id, form_url, extra_context)
+
+    def _buttons(self, request, obj) -> list[dict]:
+        if not self.has_change_permission(request, obj):
+            return []
+        state = getattr(obj, "reported", obj.state)
+        info = self.opts.app_label, self.opts.model_name
+        return [
+            {"verb": verb, "label": label, "url": reverse("admin:%s_%s_" % info + verb, args=[obj.pk], current_app=self.admin_site.name)}
+            for verb, (_, label, _, states) in VERBS.items()
+            if state in states
+        ]
+
+    def repair_view(self, request, object_id, verb):
+        """POST only: apply ``verb`` to one job through its service function, then show the job again."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        obj = self.get_object(request, object_id)
+        if obj is None:
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        if not self.has_change_permission(request, obj):
+            raise PermissionDenied
+        fn, _, past, _ = VERBS[verb]
+        try:
+            info = fn(obj.queue.name, obj.uid)
+        except FqError as exc:
+            self.message_user(request, f"Job {obj.uid} was not {past}: {exc.message}", messages.ERROR)
+        else:
+            self.log_change(request, obj, f"{past.capitalize()} through the admin; now {info.state}.")
+            self.message_user(request, f"Job {obj.uid} {past}: it is now {info.state}.", messages.SUCCESS)
+        return HttpResponseRedirect(
+            reverse("admin:%s_%s_change" % (self.opts.app_label, self.opts.model_name), args=[obj.pk], current_app=self.admin_site.name)
+        )
+
+    # --- bulk actions ---------------------------------------------------------------------
+
+    @admin.action(description="Retry selected dead jobs", permissions=["change"])
+    def retry_selected(self, request, queryset):
+        self._apply(request, queryset, "retry")
+
+    @admin.action(description="Requeue selected scheduled jobs now", permissions=["change"])
+    def requeue_selected(self, request, queryset):
+        self._apply(request, queryset, "requeue")
+
+    @admin.action(description="Cancel selected jobs", permissions=["change"])
+    def cancel_selected(self, request, queryset):
+        self._apply(request, queryset, "cancel")
+
+    def _apply(self, request, queryset, verb: str) -> None:
+        """Call the service verb for each selected job (one transaction each); report per job."""
+        fn, _, past, _ = VERBS[verb]
+        rows = list(queryset.order_by("seq").values_list("seq", "uid", "queue__name")[: ACTION_LIMIT + 1])
+        more = len(rows) > ACTION_LIMIT
+        done, failed = 0, []
+        for seq, uid, queue in rows[:ACTION_LIMIT]:
+            try:
+                info = fn(queue, uid)
+            except FqError as exc:
+                failed.append((uid, exc.message))
+            else:
+                done += 1
+                self.log_change(request, Job(seq=seq, uid=uid), f"{past.capitalize()} through the admin; now {info.state}.")
+        if done:
+            self.message_user(request, f"{done} job{'s' if done != 1 else ''} {past}.", messages.SUCCESS)
+        for uid, message in failed[:NAMED_FAILURES]:
+            self.message_user(request, f"Job {uid} was not {past}: {message}", messages.ERROR)
+        if len(failed) > NAMED_FAILURES:
+            self.message_user(request, f"{len(failed) - NAMED_FAILURES} more jobs were not {past}.", messages.ERROR)
+        if more:
+            self.message_user(
+                request,
+                f"Only the first {ACTION_LIMIT} selected jobs were handled; run the action again for the rest.",
+                messages.WARNING,
+            )
+
+
+def _reported_expression():
+    """The reported state as an ORM expression: ``queued`` splits into scheduled/ready by the database clock."""
+    now = db.DbNow()
+    return Case(
+        When(state="queued", run_at__gt=now, then=Value("scheduled")),
+        When(state="queued", then=Value("ready")),
+        default=F("state"),
+    )
+
+
+class JobChangeList(ChangeList):
+    """The job list never loads payloads, results, histories or settle hashes."""
+
+    def get_queryset(self, request, *args, **kwargs):
+        qs = super().get_queryset(request, *args, **kwargs)
+        return qs.defer(*LIST_DEFERRED).annotate(error_start=Left("last_error", 200))

@@ -1,0 +1,365 @@
+"""Admin for queues: live counts, totals and times; policy through ``configure``; delete through ``delete_queue``.
+
+Also serves the dashboard page (``admin:django_fq_dashboard``).
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+
+from .. import conf
+from .. import services as fq
+from ..exceptions import FqError
+from ..models import IdempotencyToken, Lease, Queue
+from ..services.queues import POLICY_BOUNDS
+from ..types import STATE_NAMES, TOTAL_NAMES, QueuePolicy
+from . import dashboard, display
+
+#: The policy fields, in the order of SPEC §2.
+POLICY = tuple(QueuePolicy.__dataclass_fields__)
+
+_MEANING = {
+    "concurrency": "most jobs of this queue running at once, across all workers; 0 = unlimited",
+    "max_attempts": "copied onto each job at enqueue (changing it affects future jobs only)",
+    "backoff_ms": "base of the exponential retry delay, in ms",
+    "max_backoff_ms": "cap of the retry delay, in ms; at least the backoff",
+    "visibility_ms": "default lease length of a claim, in ms",
+    "idempotency_retention_ms": "how long an idempotency token deduplicates, in ms",
+    "timeout_ms": "a running job past this is failed with a timeout, in ms; 0 = none",
+}
+
+
+def _help(name: str) -> str:
+    lo, hi = POLICY_BOUNDS[name]
+    unit = "" if name in ("concurrency", "max_attempts") else f" ({display.duration(lo)} – {display.duration(hi)})"
+    return f"{_MEANING[name]}. Allowed: {lo}–{hi}{unit}."
+
+
+class _Trial(Exception):
+    """Raised to roll back the trial ``configure`` of :meth:`QueuePolicyForm.clean`."""
+
+
+class QueuePolicyForm(forms.ModelForm):
+    """A queue's name (on add) and policy.
+
+    Validation is the service's own: :meth:`clean` runs
+    :func:`django_fq.services.configure` in a savepoint that is always rolled
+    back, and puts any :class:`~django_fq.exceptions.FqError` on the field it
+    names, with the service's message. The admin's save then calls
+    ``configure`` for real.
+    """
+
+    class Meta:
+        model = Queue
+        fields = ("name", *POLICY)
+        help_texts = {name: _help(name) for name in POLICY}
+
+    def policy_changes(self) -> dict[str, int]:
+        """The policy values to send to ``configure``: all on add, the changed ones on change."""
+        adding = self.instance._state.adding
+        return {
+            f: self.cleaned_data[f]
+            for f in POLICY
+            if f in self.cleaned_data and self.cleaned_data[f] is not None and (adding or f in self.changed_data)
+        }
+
+    def queue_name(self) -> str | None:
+        if not self.instance._state.adding:
+            return self.instance.name
+        return self.cleaned_data.get("name")
+
+    def clean(self):
+        data = super().clean()
+        name = self.queue_name()
+        if self.errors or not name:
+            return data
+        try:
+            with transaction.atomic(using=conf.database()):
+                fq.configure(name, **self.policy_changes())
+                raise _Trial
+        except _Trial:
+            pass
+        except FqError as exc:
+            field = "name" if exc.field == "queue" else exc.field
+            if field not in self.fields:
+                field = None
+            self.add_error(field, exc.message)
+        return data
+
+
+class QueueChangeList(ChangeList):
+    """Adds the counter totals of the page's queues, read in one grouped query."""
+
+    def get_results(self, request):
+        super().get_results(request)
+        totals = dashboard.counter_totals(q.pk for q in self.result_list)
+        for q in self.result_list:
+            q.fq_totals = totals.get(q.pk) or dict.fromkeys(TOTAL_NAMES, 0)
+
+
+def _job_list_url(queue_id: int, state: str | None = None) -> str:
+    url = reverse("admin:django_fq_job_changelist") + f"?queue__id__exact={queue_id}"
+    return url + (f"&state={state}" if state else "")
+
+
+def _count_column(state: str):
+    @admin.display(description=state, ordering=f"n_{state}")
+    def column(self, obj):
+        n = getattr(obj, f"n_{state}", 0) or 0
+        if not n:
+            return "0"
+        return format_html('<a href="{}">{}</a>', _job_list_url(obj.pk, state), n)
+
+    column.__name__ = f"count_{state}"
+    return column
+
+
+class QueueAdmin(admin.ModelAdmin):
+    """Queues with their counts per state, totals, average wait and run time, and policy."""
+
+    class Media:
+        css = {"all": ("django_fq/admin.css",)}
+
+    form = QueuePolicyForm
+    list_display = (
+        "name",
+        *(f"count_{s}" for s in STATE_NAMES),
+        "total_enqueued",
+        "total_acked",
+        "total_failed",
+        "avg_wait",
+        "avg_run",
+    )
+    search_fields = ("name",)
+    ordering = ("name",)
+    list_per_page = 100
+    show_full_result_count = False
+
+    count_scheduled = _count_column("scheduled")
+    count_ready = _count_column("ready")
+    count_running = _count_column("running")
+    count_succeeded = _count_column("succeeded")
+    count_dead = _count_column("dead")
+    count_cancelled = _count_column("cancelled")
+
+    # --- queryset ---------------------------------------------------------------------
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).using(conf.database()).annotate(**dashboard.count_annotations())
+
+    def get_changelist(self, request, **kwargs):
+        return QueueChangeList
+
+    def get_actions(self, request, action_location=None):
+        # The generic bulk delete would bypass delete_queue; deleting goes through
+        # the per-queue confirmation page instead. (``action_location``: Django 6.1+.)
+        if action_location is None:
+            actions = super().get_actions(request)
+        else:
+            actions = super().get_actions(request, action_location=action_location)
+        actions.pop("delete_selected", None)
+        return actions
+
+    # --- list columns -------------------------------------------------------------------
+
+    def _total(self, obj, *names) -> int:
+        t = getattr(obj, "fq_totals", None) or {}
+        return sum(t.get(n, 0) for n in names)
+
+    @admin.display(description="enqueued")
+    def total_enqueued(self, obj):
+        return self._total(obj, "enqueued")
+
+    @admin.display(description="acked")
+    def total_acked(self, obj):
+        return self._total(obj, "acked")
+
+    @admin.display(description="failed attempts")
+    def total_failed(self, obj):
+        return self._total(obj, "nacked", "expired", "timed_out")
+
+    @admin.display(description="avg wait")
+    def avg_wait(self, obj):
+        t = getattr(obj, "fq_totals", None) or {}
+        return format_html('<span class="fq-nowrap">{}</span>', display.average(t.get("wait_ms_sum", 0), t.get("wait_count", 0)))
+
+    @admin.display(description="avg run")
+    def avg_run(self, obj):
+        t = getattr(obj, "fq_totals", None) or {}
+        return format_html('<span class="fq-nowrap">{}</span>', display.average(t.get("run_ms_sum", 0), t.get("run_count", 0)))
+
+    # --- change form --------------------------------------------------------------------
+
+    def get_fieldsets(self, request, obj=None):
+        if obj is None:
+            return [(None, {"fields": ["name"]}), ("Policy", {"fields": list(POLICY)})]
+        return [
+            (None, {"fields": ["name", "created"]}),
+            ("Policy", {"fields": list(POLICY)}),
+            ("Jobs and statistics", {"fields": ["state_counts", "all_totals", "times"]}),
+        ]
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is None:
+            return ()
+        return ("name", "created", "state_counts", "all_totals", "times")
+
+    def _stats(self, obj):
+        if not hasattr(obj, "_fq_stats"):
+            obj._fq_stats = fq.stats(obj.name)
+        return obj._fq_stats
+
+    @admin.display(description="created at")
+    def created(self, obj):
+        return display.instant_html(obj.created_at)
+
+    @admin.display(description="jobs by state")
+    def state_counts(self, obj):
+        counts = self._stats(obj).counts
+        cells = format_html_join(
+            "", '<td><a href="{}">{}</a></td>', ((_job_list_url(obj.pk, s), counts.get(s, 0)) for s in STATE_NAMES)
+        )
+        heads = format_html_join("", "<th>{}</th>", ((s,) for s in STATE_NAMES))
+        return format_html('<table class="fq-mini"><tr>{}</tr><tr>{}</tr></table>', heads, cells)
+
+    @admin.display(description="totals")
+    def all_totals(self, obj):
+        totals = self._stats(obj).totals
+        heads = format_html_join("", "<th>{}</th>", ((n.replace("_", " "),) for n in TOTAL_NAMES))
+        cells = format_html_join("", "<td>{}</td>", ((totals.get(n, 0),) for n in TOTAL_NAMES))
+        return format_html('<table class="fq-mini"><tr>{}</tr><tr>{}</tr></table>', heads, cells)
+
+    @admin.display(description="observed times")
+    def times(self, obj):
+        s = self._stats(obj)
+        return format_html(
+            "average wait {} over {} claims; average run {} over {} acks",
+            display.average(s.wait_ms_sum, s.wait_count),
+            s.wait_count,
+            display.average(s.run_ms_sum, s.run_count),
+            s.run_count,
+        )
+
+    def save_model(self, request, obj, form, change):
+        """Apply the policy through ``configure`` (which also creates a new queue)."""
+        name = form.queue_name()
+        fq.configure(name, **form.policy_changes())
+        fresh = Queue.objects.using(conf.database()).get(name=name)
+        for field in Queue._meta.concrete_fields:
+            setattr(obj, field.attname, getattr(fresh, field.attname))
+        obj._state.adding = False
+        obj._state.db = fresh._state.db
+
+    # --- delete: a confirmation page, then delete_queue ------------------------------------
+
+    def delete_model(self, request, obj):
+        fq.delete_queue(obj.name)
+
+    def delete_queryset(self, request, queryset):
+        for name in queryset.values_list("name", flat=True):
+            fq.delete_queue(name)
+
+    def delete_view(self, request, object_id, extra_context=None):
+        """Confirm with the numbers of what goes (jobs by state, leases, tokens), then call ``delete_queue``."""
+        obj = self.get_object(request, unquote(object_id))
+        if obj is None:
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        if not self.has_delete_permission(request, obj):
+            raise PermissionDenied
+        changelist = reverse("admin:django_fq_queue_changelist", current_app=self.admin_site.name)
+        if request.method == "POST" and request.POST.get("post") == "yes":
+            try:
+                fq.delete_queue(obj.name)
+            except FqError as exc:
+                self.message_user(request, f"Queue {obj.name} was not deleted: {exc.message}", messages.ERROR)
+            else:
+                self.log_deletions(request, [obj])
+                self.message_user(request, f"Queue {obj.name} was deleted with all its jobs.", messages.SUCCESS)
+            return HttpResponseRedirect(changelist)
+        counts = dashboard.counts_of(obj)
+        db_alias = conf.database()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Are you sure?",
+            "subtitle": None,
+            "object_name": str(self.opts.verbose_name),
+            "object": obj,
+            "escaped_object": str(obj),
+            "opts": self.opts,
+            "app_label": self.opts.app_label,
+            "media": self.media,
+            "is_popup": False,
+            "to_field": None,
+            "perms_lacking": None,
+            "protected": None,
+            "deleted_objects": [],
+            "model_count": [],
+            "fq_counts": [(s, counts[s]) for s in STATE_NAMES],
+            "fq_jobs": sum(counts.values()),
+            "fq_leases": Lease.objects.using(db_alias).filter(queue_id=obj.pk).count(),
+            "fq_tokens": IdempotencyToken.objects.using(db_alias).filter(queue_id=obj.pk).count(),
+            **(extra_context or {}),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/django_fq/queue/delete_confirmation.html", context)
+
+    # --- dashboard ----------------------------------------------------------------------
+
+    def get_urls(self):
+        return [
+            path("dashboard/", self.admin_site.admin_view(self.dashboard_view), name="django_fq_dashboard"),
+        ] + super().get_urls()
+
+    def dashboard_view(self, request):
+        """Counts per queue and the last hour's activity as an inline SVG chart (no JavaScript)."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        rows = list(Queue.objects.using(conf.database()).annotate(**dashboard.count_annotations()).order_by("name"))
+        totals = dashboard.counter_totals(q.pk for q in rows)
+        selected = None
+        name = request.GET.get("queue") or ""
+        if name:
+            selected = next((q for q in rows if q.name == name), None)
+        act = dashboard.activity(selected.pk if selected is not None else None)
+        table = []
+        for q in rows:
+            t = totals.get(q.pk, {})
+            counts = dashboard.counts_of(q)
+            table.append(
+                {
+                    "name": q.name,
+                    "url": reverse("admin:django_fq_queue_change", args=[q.pk], current_app=self.admin_site.name),
+                    "cells": [(s, counts[s], _job_list_url(q.pk, s)) for s in STATE_NAMES],
+                    "enqueued": t.get("enqueued", 0),
+                    "acked": t.get("acked", 0),
+                    "failed": t.get("nacked", 0) + t.get("expired", 0) + t.get("timed_out", 0),
+                    "avg_wait": display.average(t.get("wait_ms_sum", 0), t.get("wait_count", 0)),
+                    "avg_run": display.average(t.get("run_ms_sum", 0), t.get("run_count", 0)),
+                }
+            )
+        all_counts = {s: sum(dashboard.counts_of(q)[s] for q in rows) for s in STATE_NAMES}
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Queue dashboard",
+            "subtitle": None,
+            "opts": self.opts,
+            "app_label": self.opts.app_label,
+            "queues": table,
+            "all_counts": [(s, all_counts[s]) for s in STATE_NAMES],
+            "states": STATE_NAMES,
+            "selected": selected.name if selected is not None else "",
+            "unknown_queue": bool(name) and selected is None,
+            "chart": dashboard.chart(act),
+            "now": display.instant(act.now),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/django_fq/dashboard.html", context)

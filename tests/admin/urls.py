@@ -1,0 +1,6 @@
+"""URLs for the admin tests: the default admin site only."""
+
+from django.contrib import admin
+from django.urls import path
+
+urlpatterns = [path("admin/", admin.site.urls)]
