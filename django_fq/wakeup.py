@@ -7,6 +7,13 @@ process (a daemon thread), shared by every waiter in the process — worker
 loops and long-poll claims alike — so a thousand waiting requests cost one
 connection, not a thousand.
 
+The listening connection uses the connection parameters of the alias named
+by the setting ``FQ_LISTEN_DATABASE`` (default: django-fq's own alias,
+``FQ_DATABASE``). Point it at a direct or session-pooled connection when
+``FQ_DATABASE`` goes through a transaction-pooling PgBouncer, which cannot
+keep a LISTEN (the notifications themselves are sent by the enqueue's own
+transaction and pass through any pooler).
+
 On SQLite there is nothing to listen to: :meth:`Listener.wait` just sleeps
 for the poll interval, and callers poll.
 
@@ -16,6 +23,11 @@ Usage, free of lost wakeups::
     jobs = services.claim(...)
     if not jobs:
         wakeup.listener().wait(mark, {"emails"}, timeout=0.2)
+
+A consumer that must also wake for reasons of its own (the worker: a job
+finished, a stop was requested) can instead :meth:`Listener.subscribe` a
+callback and wait on its own condition; the callback is called from the
+listening thread with the queue name (``None``: "look again everywhere").
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ import logging
 import threading
 import time
 
+from django.conf import settings
 from django.db import connections
 
 from . import conf, db
@@ -64,16 +77,19 @@ class Listener:
     snapshot, False after ``timeout`` seconds.
     """
 
-    def __init__(self, alias: str):
+    def __init__(self, alias: str, listen_alias: str | None = None):
         self.alias = alias
+        #: The alias whose connection parameters the listening connection uses.
+        self.listen_alias = listen_alias or getattr(settings, "FQ_LISTEN_DATABASE", None) or alias
         self._cond = threading.Condition()
         self._seen: dict[str, int] = {}
         self._total = 0
         self._epoch = 0  # bumped when every waiter must look again (listener (re)connected)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._subscribers: list = []
         self.listening = False
-        if connections[alias].vendor == "postgresql":
+        if connections[alias].vendor == "postgresql" and connections[self.listen_alias].vendor == "postgresql":
             self._thread = threading.Thread(target=self._run, name="django-fq-listener", daemon=True)
             self._thread.start()
 
@@ -105,12 +121,41 @@ class Listener:
                     return False
                 self._cond.wait(remaining)
 
+    @property
+    def active(self) -> bool:
+        """True when this listener delivers notifications (PostgreSQL); False where callers must poll."""
+        return self._thread is not None
+
+    def subscribe(self, callback) -> None:
+        """Call ``callback(queue)`` on every notification (``queue`` None: everything may have changed).
+
+        Callbacks run in the listening thread: they must be quick and must not
+        block (set a flag, notify a condition).
+        """
+        with self._cond:
+            self._subscribers = [*self._subscribers, callback]
+
+    def unsubscribe(self, callback) -> None:
+        """Stop calling ``callback`` (no error if it was not subscribed)."""
+        with self._cond:
+            self._subscribers = [c for c in self._subscribers if c is not callback]
+
     def notify_local(self, queue: str) -> None:
         """Record a wakeup for ``queue`` from this process (also used by tests)."""
         with self._cond:
             self._seen[queue] = self._seen.get(queue, 0) + 1
             self._total += 1
             self._cond.notify_all()
+            subscribers = self._subscribers
+        self._call(subscribers, queue)
+
+    @staticmethod
+    def _call(subscribers, queue) -> None:
+        for callback in subscribers:
+            try:
+                callback(queue)
+            except Exception:  # noqa: BLE001 - a broken subscriber must not stop the listener
+                log.exception("wakeup subscriber failed")
 
     def _changed(self, mark, queues) -> bool:
         epoch, total, seen = mark
@@ -126,7 +171,7 @@ class Listener:
         pause = 0.1
         while not self._stop.is_set():
             try:
-                params = connections[self.alias].get_connection_params()
+                params = connections[self.listen_alias].get_connection_params()
                 params.pop("cursor_factory", None)
                 params.pop("context", None)
                 with psycopg.connect(**params, autocommit=True) as pg:
@@ -151,3 +196,5 @@ class Listener:
         with self._cond:
             self._epoch += 1
             self._cond.notify_all()
+            subscribers = self._subscribers
+        self._call(subscribers, None)

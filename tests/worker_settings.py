@@ -18,3 +18,7 @@ if os.environ.get("FQ_CHILD_DB_NAME"):
     DATABASES["default"]["TEST"] = {"NAME": os.environ["FQ_CHILD_DB_NAME"]}
 
 FQ_TEST_CLOCK_OFFSET_MS = int(os.environ.get("FQ_CHILD_CLOCK_OFFSET_MS", "0"))
+
+# A worker test may shorten SQLite's busy timeout (seconds) to see "database is locked" errors quickly.
+if os.environ.get("FQ_CHILD_SQLITE_TIMEOUT") and DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = float(os.environ["FQ_CHILD_SQLITE_TIMEOUT"])

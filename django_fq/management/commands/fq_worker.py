@@ -1,27 +1,43 @@
-"""``manage.py fq_worker``: run the handlers of django-fq queues.
+"""``manage.py fq_worker``: run the handlers of django-fq queues, and the reaper.
 
-    manage.py fq_worker                       # every queue with a registered handler
-    manage.py fq_worker --queue emails --queue reports
-    manage.py fq_worker --burst               # drain what is eligible now, then exit 0
+    manage.py fq_worker                                  # every queue with a registered handler
+    manage.py fq_worker --queue emails --queue reports   # only these queues
+    manage.py fq_worker --concurrency 8                  # 8 jobs at once (threads)
+    manage.py fq_worker --processes 4 --concurrency 8    # 4 processes under a small supervisor
+    manage.py fq_worker --burst                          # drain what is eligible now, then exit 0
+
+SIGTERM or SIGINT stops claiming at once, lets running jobs finish for
+``--grace`` seconds, releases the rest (ready again at once, attempt given
+back) and exits 0; a second signal exits at once. See
+:mod:`django_fq.worker` for how the pieces fit, and ``docs/deployment.md``.
 
 Log lines go to the ``django_fq.worker`` logger (to stderr when the project
-configured no handler for it): start and stop, and one line per job with its
-id, queue, attempt and run time. Receipts and payloads are never logged.
+configured no handler for it) as ``event key=value ...``: start and stop,
+claims, acks, nacks, lease losses, reconnects. Receipts and payloads are
+never logged. With ``--burst`` on a terminal a progress bar shows the served
+queues draining (not when stderr is not a terminal, nor with ``--no-progress``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import sys
+import threading
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, connections
 
-from django_fq import handlers, validation
-from django_fq.exceptions import InvalidArgument
-from django_fq.worker import Worker, WorkerConfigError
+from django_fq import handlers, services, validation
+from django_fq.exceptions import InvalidArgument, QueueNotFound
+from django_fq.worker import SUPERVISOR_ENV, Supervisor, Worker, WorkerConfigError, child_command
 
-#: Longest accepted --poll-interval / --reaper-interval: one hour.
+#: Longest accepted --poll-interval / --max-poll-interval / --reaper-interval / --prune-interval: one hour.
 MAX_INTERVAL_MS = 3_600_000
+#: Most threads (--concurrency) and processes (--processes) one command runs.
+MAX_CONCURRENCY, MAX_PROCESSES = 1000, 256
 
 
 class Command(BaseCommand):
@@ -35,36 +51,118 @@ class Command(BaseCommand):
             metavar="QUEUE",
             help="Queue to serve (repeatable). Default: every queue with a registered handler.",
         )
+        parser.add_argument("--concurrency", type=int, default=1, metavar="N", help="Jobs run at once per process (threads). Default 1.")
+        parser.add_argument(
+            "--processes",
+            type=int,
+            default=1,
+            metavar="P",
+            help="Worker processes to run under a supervisor that restarts crashed ones and forwards signals. Default 1.",
+        )
         parser.add_argument(
             "--burst",
             action="store_true",
-            help="Exit (status 0) once no served queue has an eligible job; scheduled jobs are not waited for.",
+            help="Exit (status 0) once no served queue has an eligible job and none runs; scheduled jobs are not waited for.",
         )
         parser.add_argument(
             "--visibility",
             type=int,
             metavar="MS",
-            help="Lease length of each claim in ms (1 ms - 24 h). Default: each queue's policy.",
+            help="Lease length of each claim in ms (1 ms - 24 h); heartbeats extend it by as much. Default: each queue's policy.",
+        )
+        parser.add_argument(
+            "--grace",
+            type=float,
+            default=30.0,
+            metavar="SECONDS",
+            help="On SIGTERM/SIGINT, how long running jobs may still finish before they are released. Default 30.",
         )
         parser.add_argument(
             "--poll-interval",
             type=int,
             default=200,
             metavar="MS",
-            help="Sleep this long (ms) when there is no work. Default 200.",
+            help="First pause (ms) when there is no work; it doubles while idle up to --max-poll-interval. Default 200.",
+        )
+        parser.add_argument(
+            "--max-poll-interval",
+            type=int,
+            default=1000,
+            metavar="MS",
+            help="Longest idle pause (ms). PostgreSQL wakes idle workers at once on enqueue anyway. Default 1000.",
         )
         parser.add_argument(
             "--reaper-interval",
             type=int,
             default=1000,
             metavar="MS",
-            help="Run the reaper (expire abandoned leases) at most this often, in ms. Default 1000.",
+            help="Run the reaper (expire abandoned leases, periodic jobs) this often, in ms. Default 1000.",
+        )
+        parser.add_argument(
+            "--prune-interval",
+            type=int,
+            default=60_000,
+            metavar="MS",
+            help="Prune finished jobs and expired tokens this often (with the reaper), in ms; 0 disables. Default 60000.",
         )
         parser.add_argument("--no-reaper", action="store_true", help="Do not run the reaper in this worker.")
-        parser.add_argument("--max-jobs", type=int, metavar="N", help="Stop after N jobs.")
+        parser.add_argument("--max-jobs", type=int, metavar="N", help="Stop after N jobs (per process).")
+        parser.add_argument("--worker-id", metavar="ID", help="Worker id recorded on leases (default host:pid:random).")
+        parser.add_argument("--no-progress", action="store_true", help="No progress bar with --burst, even on a terminal.")
 
     def handle(self, *args, **options) -> None:
         self._setup_logging(options["verbosity"])
+        self._validate(options)
+        handlers.autodiscover()
+
+        if options["processes"] > 1 and not os.environ.get(SUPERVISOR_ENV):
+            self._supervise(options)
+            return
+
+        supervisor = os.environ.get(SUPERVISOR_ENV)
+        worker_id = options["worker_id"]
+        if worker_id and supervisor and os.environ.get("FQ_WORKER_INDEX"):
+            worker_id = f"{worker_id}-{os.environ['FQ_WORKER_INDEX']}"
+        try:
+            worker = Worker(
+                options["queues"],
+                concurrency=options["concurrency"],
+                visibility_ms=options["visibility"],
+                poll_interval_ms=options["poll_interval"],
+                max_poll_interval_ms=options["max_poll_interval"],
+                reaper_interval_ms=options["reaper_interval"],
+                prune_interval_ms=options["prune_interval"],
+                reaper=not options["no_reaper"],
+                grace_s=options["grace"],
+                burst=options["burst"],
+                max_jobs=options["max_jobs"],
+                worker_id=worker_id,
+                install_signals=True,
+                supervisor_pid=int(supervisor) if supervisor else None,
+            )
+        except WorkerConfigError as exc:
+            raise CommandError(str(exc))
+
+        progress = None
+        if options["burst"] and not options["no_progress"] and _isatty(sys.stderr):
+            progress = _DrainProgress(worker)
+        try:
+            if progress is not None:
+                with progress:
+                    stats = worker.run()
+            else:
+                stats = worker.run()
+        except DatabaseError as exc:  # only a --burst run gives up on the database
+            raise CommandError(f"database unavailable: {exc}")
+        if options["burst"] or options["max_jobs"] is not None:
+            line = f"fq_worker: {stats.ok} jobs ok, {stats.failed} failed"
+            if stats.settle_errors:
+                line += f", {stats.settle_errors} not settled"
+            if stats.released:
+                line += f", {stats.released} released"
+            self.stdout.write(line)
+
+    def _validate(self, options: dict) -> None:
         for name in options["queues"] or ():
             try:
                 validation.queue_name(name)
@@ -76,32 +174,49 @@ class Command(BaseCommand):
                 validation.visibility(visibility)
             except InvalidArgument as exc:
                 raise CommandError(f"--visibility: {exc.message}")
-        for flag, key in (("--poll-interval", "poll_interval"), ("--reaper-interval", "reaper_interval")):
+        for flag, key in (
+            ("--poll-interval", "poll_interval"),
+            ("--max-poll-interval", "max_poll_interval"),
+            ("--reaper-interval", "reaper_interval"),
+            ("--prune-interval", "prune_interval"),
+        ):
             if not 0 <= options[key] <= MAX_INTERVAL_MS:
                 raise CommandError(f"{flag} must be between 0 and {MAX_INTERVAL_MS} ms")
+        if options["max_poll_interval"] < options["poll_interval"]:
+            raise CommandError("--max-poll-interval must not be below --poll-interval")
         if options["max_jobs"] is not None and options["max_jobs"] < 1:
             raise CommandError("--max-jobs must be at least 1")
+        if not 1 <= options["concurrency"] <= MAX_CONCURRENCY:
+            raise CommandError(f"--concurrency must be between 1 and {MAX_CONCURRENCY}")
+        if not 1 <= options["processes"] <= MAX_PROCESSES:
+            raise CommandError(f"--processes must be between 1 and {MAX_PROCESSES}")
+        if not 0 <= options["grace"] <= 86_400:
+            raise CommandError("--grace must be between 0 and 86400 seconds")
 
-        handlers.autodiscover()
+    def _supervise(self, options: dict) -> None:
+        """Run ``--processes`` copies of this command (each with ``--processes 1``) under a :class:`Supervisor`."""
         try:
-            worker = Worker(
-                options["queues"],
-                visibility_ms=visibility,
-                poll_interval_ms=options["poll_interval"],
-                reaper_interval_ms=options["reaper_interval"],
-                reaper=not options["no_reaper"],
-                burst=options["burst"],
-                max_jobs=options["max_jobs"],
-            )
+            # Fail here, not in every child, when a queue has no handler.
+            Worker(options["queues"], concurrency=options["concurrency"])
         except WorkerConfigError as exc:
             raise CommandError(str(exc))
+        if not getattr(settings, "SETTINGS_MODULE", None):
+            raise CommandError("--processes needs a settings module (DJANGO_SETTINGS_MODULE)")
+        connections.close_all()  # the children open their own
 
-        stats = worker.run()
-        if options["burst"] or options["max_jobs"] is not None:
-            line = f"fq_worker: {stats.ok} jobs ok, {stats.failed} failed"
-            if stats.settle_errors:
-                line += f", {stats.settle_errors} not settled"
-            self.stdout.write(line)
+        def command(index: int) -> list[str]:
+            args = _child_args(options)
+            if index > 0 and "--no-reaper" not in args:
+                args.append("--no-reaper")  # one reaper per supervisor is enough
+            return child_command(args)
+
+        env = dict(os.environ)
+        env["DJANGO_SETTINGS_MODULE"] = settings.SETTINGS_MODULE
+        paths = [p for p in sys.path if p] + [os.getcwd()]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        code = Supervisor(command, options["processes"], env=env).run()
+        if code:
+            raise CommandError(f"{options['processes']} worker processes ended, not all cleanly", returncode=code)
 
     def _setup_logging(self, verbosity: int) -> None:
         """Send the worker's log lines to stderr unless the project routes them somewhere already."""
@@ -113,3 +228,105 @@ class Command(BaseCommand):
             stream = logging.StreamHandler(sys.stderr)
             stream.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
             logger.addHandler(stream)
+
+
+def _child_args(options: dict) -> list[str]:
+    """The command line of one supervised child (the same options, one process)."""
+    args = [f"--queue={q}" for q in options["queues"] or ()]
+    args += [
+        f"--concurrency={options['concurrency']}",
+        f"--grace={options['grace']}",
+        f"--poll-interval={options['poll_interval']}",
+        f"--max-poll-interval={options['max_poll_interval']}",
+        f"--reaper-interval={options['reaper_interval']}",
+        f"--prune-interval={options['prune_interval']}",
+        f"--verbosity={options['verbosity']}",
+        "--no-progress",
+    ]
+    if options["visibility"] is not None:
+        args.append(f"--visibility={options['visibility']}")
+    if options["burst"]:
+        args.append("--burst")
+    if options["no_reaper"]:
+        args.append("--no-reaper")
+    if options["max_jobs"] is not None:
+        args.append(f"--max-jobs={options['max_jobs']}")
+    if options["worker_id"]:
+        args.append(f"--worker-id={options['worker_id']}")
+    return args
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class _DrainProgress:
+    """A progress bar of a ``--burst`` run: jobs finished by this worker out of finished + still waiting/running.
+
+    A small thread refreshes it twice a second from ``services.stats`` of the
+    served queues; log lines are routed through the bar so they do not break it.
+    """
+
+    REFRESH_S = 0.5
+
+    def __init__(self, worker: Worker):
+        self.worker = worker
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._bar = None
+        self._redirect = None
+
+    def __enter__(self):
+        try:
+            from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
+        except ImportError:  # pragma: no cover - tqdm is a dependency; degrade to no bar
+            return self
+        width = shutil.get_terminal_size((80, 24)).columns or 80  # a terminal may report 0 columns
+        self._bar = tqdm(total=self._remaining(), unit="job", desc="draining", file=sys.stderr, ncols=min(width, 120))
+        self._redirect = logging_redirect_tqdm(loggers=[logging.getLogger("django_fq.worker")])
+        self._redirect.__enter__()
+        self._thread = threading.Thread(target=self._refresh_loop, name="fq-progress", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._bar is None:
+            return False
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._update(final=True)
+        self._bar.close()
+        self._redirect.__exit__(*exc)
+        return False
+
+    def _remaining(self) -> int:
+        total = 0
+        for queue in self.worker.queues:
+            try:
+                counts = services.stats(queue).counts
+            except QueueNotFound:
+                continue
+            total += counts.get("ready", 0) + counts.get("running", 0)
+        return total
+
+    def _update(self, final: bool = False) -> None:
+        done = self.worker.stats.jobs
+        remaining = 0 if final else self._remaining()
+        self._bar.total = max(done + remaining, 1 if final else 0)
+        self._bar.n = done
+        self._bar.refresh()
+
+    def _refresh_loop(self) -> None:
+        try:
+            while not self._stop.wait(self.REFRESH_S):
+                try:
+                    self._update()
+                except Exception:  # noqa: BLE001 - a bar must never break the worker
+                    connections.close_all()
+        finally:
+            connections.close_all()
