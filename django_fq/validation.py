@@ -88,6 +88,19 @@ def key(value: object, field: str) -> str | None:
     return value
 
 
+def worker_id(value: object, field: str = "worker") -> str:
+    """A worker id as stored on leases: a string of at most 200 characters, no NUL or lone surrogate."""
+    if not isinstance(value, str) or len(value) > 200 or "\x00" in value:
+        raise InvalidArgument(f"{field} must be a string of at most 200 characters without NUL", field=field)
+    _check_text(value, field)
+    return value
+
+
+def job_id(value: object) -> bool:
+    """True when ``value`` is shaped like a job id (32 lowercase hex characters)."""
+    return isinstance(value, str) and len(value) == 32 and all(c in "0123456789abcdef" for c in value)
+
+
 def epoch_ms(value: object, field: str = "at") -> int:
     """An instant as epoch milliseconds, from an int of epoch ms or an aware datetime.
 

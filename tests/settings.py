@@ -19,6 +19,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.auth",
+    "rest_framework",
+    "rest_framework.authtoken",
     "django_fq",
     "tests.testapp",
 ]
@@ -50,4 +52,5 @@ else:
         }
     }
 
+STATIC_URL = "/static/"
 LOGGING_CONFIG = None

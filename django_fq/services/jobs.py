@@ -78,7 +78,7 @@ def get(queue: str, job_id: str) -> JobInfo:
     another queue, or one already pruned).
     """
     q = get_queue(queue)
-    if not isinstance(job_id, str):
+    if not validation.job_id(job_id):
         raise JobNotFound(field="job_id")
     rows = list(_job_rows(q.id).filter(uid=job_id).values(*_LIST_FIELDS, "reported", "lease_deadline", "payload", "result", "errors"))
     if not rows:
@@ -269,7 +269,7 @@ def cancel(queue: str, job_id: str) -> JobInfo:
 
 
 def _lock_job(queue_id: int, job_id: object) -> Job:
-    if not isinstance(job_id, str):
+    if not validation.job_id(job_id):
         raise JobNotFound(field="job_id")
     qs = manager(Job).filter(queue_id=queue_id, uid=job_id)
     if db.is_postgres():
@@ -281,6 +281,8 @@ def _lock_job(queue_id: int, job_id: object) -> Job:
 
 
 def _lock_lease_of(queue_id: int, job_id: object) -> Lease | None:
+    if not validation.job_id(job_id):
+        return None  # _lock_job raises JobNotFound
     qs = manager(Lease).filter(queue_id=queue_id, job__uid=job_id)
     if db.is_postgres():
         qs = qs.select_for_update(of=("self",))

@@ -74,12 +74,13 @@ def claim(
     if visibility_ms is not None:
         validation.visibility(visibility_ms)
     validation.integer(wait_ms, "wait_ms", 0, validation.MAX_WAIT_MS)
+    worker = validation.worker_id(worker)
     q = get_queue(queue)
     vis = visibility_ms or q.visibility_ms
     give_up = time.monotonic() + wait_ms / 1000
     while True:
         mark = wakeup.listener().mark() if wait_ms else None
-        jobs = db.retrying(_claim_once, q.id, queue, count, vis, str(worker)[:200])
+        jobs = db.retrying(_claim_once, q.id, queue, count, vis, worker)
         remaining = give_up - time.monotonic()
         if jobs or remaining <= 0:
             return jobs

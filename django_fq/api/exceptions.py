@@ -1,0 +1,87 @@
+"""The API's exception handler: every error becomes ``{"code", "message", "field"}``.
+
+* :class:`~django_fq.exceptions.FqError` keeps its ``code``, ``status`` and
+  ``field`` (plus any extra keys it carries, e.g. ``limit``/``size`` of a
+  payload that is too large, or ``state`` of a job in the wrong state).
+* DRF's own errors keep their status; their ``code`` is DRF's (e.g.
+  ``not_authenticated``, ``permission_denied``, ``method_not_allowed``,
+  ``unsupported_media_type``, ``throttled``); a parse error is ``invalid_json``.
+* Django's ``RequestDataTooBig`` (a body larger than
+  ``DATA_UPLOAD_MAX_MEMORY_SIZE`` read through ``request.body``) is 413
+  ``payload_too_large``; ``Http404`` is 404 ``not_found``; Django's
+  ``PermissionDenied`` is 403 ``permission_denied``.
+
+Anything else is a bug and is left to Django (500). No message ever contains a
+receipt: django-fq's errors never quote one, and DRF's do not quote request bodies.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404
+from rest_framework import exceptions as drf
+from rest_framework.response import Response
+from rest_framework.views import set_rollback
+
+from ..exceptions import FqError
+
+
+def error_body(code: str, message: str, field: str | None = None, **extra) -> dict:
+    """The JSON body of an error response."""
+    return {"code": code, "message": message, "field": field, **extra}
+
+
+def exception_handler(exc, context):
+    """DRF ``EXCEPTION_HANDLER`` for django-fq's views (set on the views, not globally)."""
+    headers = {}
+    if isinstance(exc, FqError):
+        extra = {k: v for k, v in exc.extra.items() if k not in ("code", "message", "field")}
+        body, status = error_body(exc.code, exc.message, exc.field, **extra), exc.status
+    elif isinstance(exc, RequestDataTooBig):
+        body, status = error_body("payload_too_large", "the request body is too large"), 413
+    elif isinstance(exc, Http404):
+        body, status = error_body("not_found", "not found"), 404
+    elif isinstance(exc, DjangoPermissionDenied):
+        body, status = error_body("permission_denied", "permission denied"), 403
+    elif isinstance(exc, drf.APIException):
+        status = exc.status_code
+        if getattr(exc, "auth_header", None):
+            headers["WWW-Authenticate"] = exc.auth_header
+        if getattr(exc, "wait", None):
+            headers["Retry-After"] = "%d" % exc.wait
+        if isinstance(exc, drf.ParseError):
+            body = error_body("invalid_json", _text(exc.detail))
+        elif isinstance(exc, drf.ValidationError):
+            field, message = _first_error(exc.detail)
+            body = error_body("invalid", message, field)
+        else:
+            code = exc.get_codes() if not isinstance(exc.detail, (list, dict)) else exc.default_code
+            body = error_body(str(code), _text(exc.detail))
+    else:
+        return None
+    set_rollback()
+    return Response(body, status=status, headers=headers)
+
+
+def _text(detail) -> str:
+    if isinstance(detail, (list, tuple)):
+        return "; ".join(_text(d) for d in detail)
+    if isinstance(detail, dict):
+        return "; ".join(f"{k}: {_text(v)}" for k, v in detail.items())
+    return str(detail)
+
+
+def _first_error(detail, prefix: str = "") -> tuple[str | None, str]:
+    """The first offending field (dotted, with list indexes) and its message."""
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            name = prefix if key == "non_field_errors" else (f"{prefix}.{key}" if prefix else str(key))
+            return _first_error(value, name)
+    if isinstance(detail, list):
+        for i, value in enumerate(detail):
+            if isinstance(value, (dict, list)) and value:
+                return _first_error(value, f"{prefix}[{i}]")
+            if not isinstance(value, (dict, list)):
+                return (prefix or None), str(value)
+    return (prefix or None), str(detail)

@@ -1,0 +1,94 @@
+"""Waiting over HTTP without holding a database connection per waiting request.
+
+A long-poll ``claim`` (``wait_ms`` up to 20 s) and ``wait`` for a job keep a
+web worker's thread busy while they wait. What they must not keep is a
+database connection (SPEC §9, REST specifics): on PostgreSQL the request's
+connection is closed (or handed back to Django's connection pool) before
+every pause and opened again for the next look, and the pause itself waits on
+the process-wide LISTEN connection of :mod:`django_fq.wakeup`, so a hundred
+waiting requests cost one listening connection.
+
+Between looks a waiting claim sleeps until a notification for its queue
+(an enqueue, release or retry committed by any process) or, at the latest,
+``FQ_API_LONG_POLL_RECHECK_MS`` (default 1 s): jobs whose delay runs out and
+leases freed under a concurrency limit send no notification. On SQLite there
+is nothing to listen to and a connection is a file handle: the claim looks
+again every 100 ms, as :func:`django_fq.services.claim` does.
+
+A request inside ``transaction.atomic`` (not the API's own views, which opt
+out of ``ATOMIC_REQUESTS``) keeps its connection: closing it would end the
+caller's transaction.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .. import db, services, validation, wakeup
+from ..types import ClaimedJob, JobInfo
+from ..exceptions import WaitTimeout
+from . import conf
+
+#: Pause between looks where no notification can end it early (SQLite; PostgreSQL before LISTEN is up).
+POLL_S = 0.1
+#: ``wait`` keeps its connection through pauses shorter than this (reconnecting would cost more).
+RELEASE_FROM_S = 0.25
+#: Final job states: ``wait`` returns once a job is in one of them.
+FINAL_STATES = frozenset({"succeeded", "dead", "cancelled"})
+
+
+def release_connection() -> bool:
+    """Close django-fq's connection of this thread if that is safe and worth it; True if closed.
+
+    Only PostgreSQL connections are released (a server process and maybe a
+    pooler slot each); never inside an atomic block.
+    """
+    conn = db.connection()
+    if conn.vendor != "postgresql" or conn.in_atomic_block or conn.connection is None:
+        return False
+    conn.close()
+    return True
+
+
+def claim(queue: str, *, count: int, visibility_ms: int | None, wait_ms: int, worker: str) -> list[ClaimedJob]:
+    """:func:`django_fq.services.claim` with a long poll that holds no connection while it waits."""
+    validation.integer(wait_ms, "wait_ms", 0, validation.MAX_WAIT_MS)
+    give_up = time.monotonic() + wait_ms / 1000
+    listener = wakeup.listener() if wait_ms else None
+    while True:
+        mark = listener.mark() if listener else None
+        jobs = services.claim(queue, count=count, visibility_ms=visibility_ms, wait_ms=0, worker=worker)
+        remaining = give_up - time.monotonic()
+        if jobs or remaining <= 0:
+            return jobs
+        if listener.listening and release_connection():
+            pause = conf.long_poll_recheck_s()
+        else:
+            pause = POLL_S
+        listener.wait(mark, {queue}, min(pause, remaining))
+
+
+def wait(queue: str, job_id: str, *, timeout_ms: int) -> JobInfo:
+    """:func:`django_fq.services.wait` for HTTP: at most 20 s, no connection held between looks.
+
+    Looks after 10 ms, then twice as long each time, at most every second;
+    the connection is released before pauses of 250 ms and more.
+    Raises :class:`~django_fq.exceptions.WaitTimeout` (with the job's
+    ``state``) when the job is not final in time.
+    """
+    validation.integer(timeout_ms, "timeout_ms", 0, validation.MAX_WAIT_MS)
+    give_up = time.monotonic() + timeout_ms / 1000
+    pause = 0.01
+    while True:
+        info = services.get(queue, job_id)
+        if info.state in FINAL_STATES:
+            return info
+        remaining = give_up - time.monotonic()
+        if remaining <= 0:
+            raise WaitTimeout(
+                f"job {job_id} is still {info.state} after {timeout_ms} ms", field="timeout_ms", state=info.state
+            )
+        if pause >= RELEASE_FROM_S:
+            release_connection()
+        time.sleep(min(pause, remaining))
+        pause = min(pause * 2, 1.0)

@@ -1,0 +1,255 @@
+"""Request and response shapes of the API, as DRF serializers.
+
+They document the API: drf-spectacular turns them into the OpenAPI schema
+served at ``schema/``, and the tests check every response against it. They
+do **not** validate requests: the views hand the decoded JSON to
+:mod:`django_fq.services`, whose checks (and error codes, and field names)
+are the same on every interface — the Python API, ``manage.py fq`` and this
+API. Bounds below are copied from those checks for the documentation only.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from .. import validation
+from ..services.queues import POLICY_BOUNDS
+from ..types import STATE_NAMES, TOTAL_NAMES
+
+
+def _int(lo=None, hi=None, **kw):
+    return serializers.IntegerField(min_value=lo, max_value=hi, **kw)
+
+
+def _epoch_ms(**kw):
+    kw.setdefault("help_text", "epoch milliseconds (database clock)")
+    return serializers.IntegerField(**kw)
+
+
+@extend_schema_field({"description": "any JSON value", "nullable": True})
+class AnyJSON(serializers.JSONField):
+    """Any JSON document (object, array, string, number, boolean or null)."""
+
+
+AT_SCHEMA = {
+    "oneOf": [
+        {"type": "integer", "minimum": 0, "description": "epoch milliseconds"},
+        {"type": "string", "format": "date-time", "description": "ISO 8601 with a UTC offset"},
+    ],
+    "nullable": True,
+}
+
+
+@extend_schema_field(AT_SCHEMA)
+class AtField(serializers.Field):
+    """``at``: epoch milliseconds, or an ISO 8601 date-time with an offset."""
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+class ErrorSerializer(serializers.Serializer):
+    code = serializers.CharField(help_text="stable machine-readable error code")
+    message = serializers.CharField()
+    field = serializers.CharField(allow_null=True, help_text="the offending field, when one is to blame")
+
+
+# --- queues ---------------------------------------------------------------------------------
+
+
+class PolicySerializer(serializers.Serializer):
+    """A queue's policy (durations in ms)."""
+
+    concurrency = _int(*POLICY_BOUNDS["concurrency"], help_text="jobs running at once; 0 = unlimited")
+    max_attempts = _int(*POLICY_BOUNDS["max_attempts"])
+    backoff_ms = _int(*POLICY_BOUNDS["backoff_ms"])
+    max_backoff_ms = _int(*POLICY_BOUNDS["max_backoff_ms"], help_text="at least backoff_ms")
+    visibility_ms = _int(*POLICY_BOUNDS["visibility_ms"])
+    idempotency_retention_ms = _int(*POLICY_BOUNDS["idempotency_retention_ms"])
+    timeout_ms = _int(*POLICY_BOUNDS["timeout_ms"], help_text="0 = none")
+
+
+class PolicyInputSerializer(serializers.Serializer):
+    """Policy fields to set; omitted (or null) fields: defaults on PUT, unchanged on PATCH."""
+
+    queue = serializers.CharField(required=False, help_text="optional; must equal the queue of the URL")
+    concurrency = _int(*POLICY_BOUNDS["concurrency"], required=False, allow_null=True)
+    max_attempts = _int(*POLICY_BOUNDS["max_attempts"], required=False, allow_null=True)
+    backoff_ms = _int(*POLICY_BOUNDS["backoff_ms"], required=False, allow_null=True)
+    max_backoff_ms = _int(*POLICY_BOUNDS["max_backoff_ms"], required=False, allow_null=True)
+    visibility_ms = _int(*POLICY_BOUNDS["visibility_ms"], required=False, allow_null=True)
+    idempotency_retention_ms = _int(*POLICY_BOUNDS["idempotency_retention_ms"], required=False, allow_null=True)
+    timeout_ms = _int(*POLICY_BOUNDS["timeout_ms"], required=False, allow_null=True)
+
+
+class QueueConfigSerializer(PolicySerializer):
+    """A queue's name and policy (as ``manage.py fq config --json``)."""
+
+    queue = serializers.CharField()
+
+
+#: Jobs per reported state, one integer per name of ``types.STATE_NAMES``.
+CountsSerializer = type(
+    "CountsSerializer", (serializers.Serializer,), {name: serializers.IntegerField() for name in STATE_NAMES}
+)
+
+
+class QueueInfoSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    policy = PolicySerializer()
+    counts = CountsSerializer()
+    created_at = _epoch_ms()
+
+
+class DeletedSerializer(serializers.Serializer):
+    queue = serializers.CharField()
+    deleted = serializers.BooleanField()
+
+
+# --- enqueue -----------------------------------------------------------------------------------
+
+
+class EnqueueSerializer(serializers.Serializer):
+    """An enqueue envelope: the payload and the options of ``enqueue``."""
+
+    payload = AnyJSON(help_text="any JSON; at most FQ_MAX_PAYLOAD_BYTES as compact UTF-8")
+    priority = _int(validation.MIN_PRIORITY, validation.MAX_PRIORITY, required=False, allow_null=True)
+    delay_ms = _int(0, validation.MAX_DELAY_MS, required=False, allow_null=True, help_text="not with at")
+    at = AtField(required=False, help_text="when the job becomes eligible (within 10 years); not with delay_ms")
+    idempotency = serializers.CharField(min_length=1, max_length=255, required=False, allow_null=True)
+    idempotency_retention_ms = _int(*POLICY_BOUNDS["idempotency_retention_ms"], required=False, allow_null=True)
+    unique_key = serializers.CharField(min_length=1, max_length=255, required=False, allow_null=True)
+    max_attempts = _int(*POLICY_BOUNDS["max_attempts"], required=False, allow_null=True)
+    timeout_ms = _int(*POLICY_BOUNDS["timeout_ms"], required=False, allow_null=True)
+
+
+class BulkEnqueueSerializer(serializers.Serializer):
+    jobs = EnqueueSerializer(many=True, help_text="envelopes; all are enqueued or none")
+
+
+class EnqueuedSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    created = serializers.BooleanField(help_text="false: an idempotency token or unique key matched an existing job")
+
+
+# --- leases ----------------------------------------------------------------------------------
+
+
+class ClaimSerializer(serializers.Serializer):
+    count = _int(1, validation.MAX_CLAIM_COUNT, required=False, allow_null=True, help_text="default 1")
+    visibility_ms = _int(
+        validation.MIN_VISIBILITY_MS, validation.MAX_VISIBILITY_MS, required=False, allow_null=True,
+        help_text="lease length; default: the queue's policy",
+    )  # fmt: skip
+    wait_ms = _int(0, validation.MAX_WAIT_MS, required=False, allow_null=True, help_text="long poll; default 0")
+    worker = serializers.CharField(max_length=200, required=False, allow_null=True, allow_blank=True)
+
+
+class ClaimedJobSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    payload = AnyJSON()
+    receipt = serializers.CharField(help_text="settles this lease; keep it secret")
+    deadline = _epoch_ms(help_text="the lease is valid strictly before this instant (epoch ms)")
+    attempts = serializers.IntegerField()
+    enqueued_at = _epoch_ms()
+
+
+class AckSerializer(serializers.Serializer):
+    receipt = serializers.CharField()
+    result = AnyJSON(required=False)
+
+
+class NackSerializer(serializers.Serializer):
+    receipt = serializers.CharField()
+    delay_ms = _int(0, validation.MAX_NACK_DELAY_MS, required=False, allow_null=True, help_text="default: backoff")
+    error = serializers.CharField(required=False, allow_null=True, allow_blank=True)
+    permanent = serializers.BooleanField(required=False, allow_null=True, help_text="dead now, whatever the attempts")
+
+
+class ReleaseSerializer(serializers.Serializer):
+    receipt = serializers.CharField()
+    error = serializers.CharField(required=False, allow_null=True, allow_blank=True)
+
+
+class ExtendSerializer(serializers.Serializer):
+    receipt = serializers.CharField()
+    visibility_ms = _int(validation.MIN_VISIBILITY_MS, validation.MAX_VISIBILITY_MS)
+
+
+class DeadlineSerializer(serializers.Serializer):
+    deadline = _epoch_ms()
+
+
+class SettleSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    state = serializers.ChoiceField(choices=STATE_NAMES)
+    run_at = _epoch_ms(allow_null=True)
+    replay = serializers.BooleanField(help_text="true: a repeat of the recorded settle; nothing changed")
+
+
+# --- jobs ------------------------------------------------------------------------------------
+
+
+class ErrorEntrySerializer(serializers.Serializer):
+    at = _epoch_ms()
+    attempt = serializers.IntegerField()
+    kind = serializers.CharField()
+    error = serializers.CharField(allow_blank=True)
+    worker = serializers.CharField(allow_blank=True)
+
+
+class JobListedSerializer(serializers.Serializer):
+    """A job's metadata (no payload, result or errors). Never a receipt."""
+
+    id = serializers.CharField()
+    queue = serializers.CharField()
+    state = serializers.ChoiceField(choices=STATE_NAMES)
+    priority = serializers.IntegerField()
+    run_at = _epoch_ms()
+    enqueued_at = _epoch_ms()
+    changed_at = _epoch_ms()
+    attempts = serializers.IntegerField()
+    max_attempts = serializers.IntegerField()
+    timeout_ms = serializers.IntegerField()
+    unique_key = serializers.CharField(allow_null=True)
+    idempotency = serializers.CharField(allow_null=True)
+    last_error = serializers.CharField(allow_blank=True)
+    claimed_at = _epoch_ms(allow_null=True)
+    finished_at = _epoch_ms(allow_null=True)
+    lease_deadline = _epoch_ms(allow_null=True)
+    worker = serializers.CharField(allow_blank=True)
+
+
+class JobSerializer(JobListedSerializer):
+    """A job with its payload, result and error history. Never a receipt."""
+
+    payload = AnyJSON()
+    result = AnyJSON()
+    errors = ErrorEntrySerializer(many=True)
+
+
+class JobPageSerializer(serializers.Serializer):
+    jobs = JobListedSerializer(many=True)
+    next_cursor = serializers.CharField(allow_null=True, help_text="pass as cursor for the next page")
+
+
+class WaitSerializer(serializers.Serializer):
+    timeout_ms = _int(0, validation.MAX_WAIT_MS, required=False, allow_null=True, help_text="default 20000")
+
+
+#: Totals since the queue was created, one integer per name of ``types.TOTAL_NAMES``.
+TotalsSerializer = type(
+    "TotalsSerializer", (serializers.Serializer,), {name: serializers.IntegerField() for name in TOTAL_NAMES}
+)
+
+
+class StatsSerializer(serializers.Serializer):
+    queue = serializers.CharField()
+    counts = CountsSerializer()
+    totals = TotalsSerializer()
+    wait_ms_sum = serializers.IntegerField()
+    wait_count = serializers.IntegerField()
+    run_ms_sum = serializers.IntegerField()
+    run_count = serializers.IntegerField()
+

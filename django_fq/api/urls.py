@@ -1,0 +1,40 @@
+"""URL patterns of the REST API; mount them with ``path("api/fq/", include("django_fq.api.urls"))``.
+
+Names live in the ``fq_api`` namespace, e.g. ``reverse("fq_api:claim", args=["emails"])``.
+"""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from . import views
+from .schema import SchemaView
+from .schema import SchemaView
+
+app_name = "fq_api"
+
+
+def api_patterns() -> list:
+    """Every endpoint except the schema itself (what the schema describes)."""
+    return [
+        path("queues/", views.QueueListView.as_view(), name="queues"),
+        path("queues/<str:queue>/", views.QueueDetailView.as_view(), name="queue"),
+        path("queues/<str:queue>/stats/", views.StatsView.as_view(), name="stats"),
+        path("queues/<str:queue>/jobs/", views.JobsView.as_view(), name="jobs"),
+        path("queues/<str:queue>/jobs/bulk/", views.BulkEnqueueView.as_view(), name="enqueue-bulk"),
+        path("queues/<str:queue>/jobs/<str:job_id>/", views.JobDetailView.as_view(), name="job"),
+        path("queues/<str:queue>/jobs/<str:job_id>/retry/", views.JobRetryView.as_view(), name="job-retry"),
+        path("queues/<str:queue>/jobs/<str:job_id>/cancel/", views.JobCancelView.as_view(), name="job-cancel"),
+        path("queues/<str:queue>/jobs/<str:job_id>/wait/", views.JobWaitView.as_view(), name="job-wait"),
+        path("queues/<str:queue>/claim/", views.ClaimView.as_view(), name="claim"),
+        path("queues/<str:queue>/ack/", views.AckView.as_view(), name="ack"),
+        path("queues/<str:queue>/nack/", views.NackView.as_view(), name="nack"),
+        path("queues/<str:queue>/release/", views.ReleaseView.as_view(), name="release"),
+        path("queues/<str:queue>/extend/", views.ExtendView.as_view(), name="extend"),
+    ]
+
+
+urlpatterns = [
+    *api_patterns(),
+    path("schema/", SchemaView.as_view(), name="schema"),
+]

@@ -1,0 +1,639 @@
+"""The views of the REST API: thin adapters from HTTP to :mod:`django_fq.services`.
+
+Each view decodes the JSON body (or query string), hands the values to the
+service verb unchanged — so every rule, error code and field name is the one
+of the Python API and of ``manage.py fq`` — and renders the result as the
+CLI's ``--json`` does (but ``created`` is ``true``/``false``).
+
+The views opt out of ``ATOMIC_REQUESTS``: django-fq runs its own short
+transactions (and retries them on deadlocks only when it owns them), and a
+long poll must not sit in a transaction for 20 seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from django.db import connections
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.renderers import JSONRenderer
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from .. import services
+from ..exceptions import CountOutOfRange, FqError, InvalidArgument, InvalidJson, InvalidTime, JobNotFound, QueueNotFound
+from ..services.enqueue import ENVELOPE_KEYS
+from ..types import STATE_NAMES, QueuePolicy
+from . import conf, longpoll
+from . import serializers as s
+from .exceptions import exception_handler
+from .parsers import FqJSONParser
+from .permissions import CONSUME, MANAGE, PRODUCE
+
+POLICY_FIELDS = frozenset(QueuePolicy.__dataclass_fields__)
+#: Default ``timeout_ms`` of ``wait`` over HTTP (also its maximum).
+DEFAULT_WAIT_MS = 20_000
+
+
+def _doc(**kwargs):
+    """``extend_schema`` on drf-spectacular's AutoSchema, whatever the project's ``DEFAULT_SCHEMA_CLASS``."""
+
+    def decorate(method):
+        method.kwargs = {"schema": AutoSchema}  # extend_schema builds on the schema class found here
+        return extend_schema(**kwargs)(method)
+
+    return decorate
+
+
+def _errors(*codes: int) -> dict:
+    return {code: OpenApiResponse(s.ErrorSerializer, description=_ERROR_TEXT[code]) for code in codes}
+
+
+_ERROR_TEXT = {
+    400: "bad input (the field is named)",
+    401: "not authenticated",
+    403: "not authenticated, or missing the django-fq permission",
+    404: "no such queue or job",
+    408: "the job did not finish within timeout_ms (code wait_timeout)",
+    409: "invalid or expired receipt (invalid_receipt), job cancelled (cancelled), or wrong state (invalid_state)",
+    413: "request body or payload too large",
+    415: "the body is not application/json",
+    429: "queue full, or throttled",
+}
+_COMMON = (400, 401, 403)
+_QUEUE_PARAM = OpenApiParameter(
+    "queue",
+    {"type": "string", "pattern": r"^[A-Za-z0-9:._-]{1,200}$", "minLength": 1, "maxLength": 200},
+    OpenApiParameter.PATH,
+    description="queue name: 1-200 of [A-Za-z0-9:._-]",
+)
+_JOB_PARAM = OpenApiParameter("job_id", {"type": "string", "minLength": 1}, OpenApiParameter.PATH, description="job id")
+
+
+# --- the base view ----------------------------------------------------------------------------
+
+
+class FqAPIView(APIView):
+    """Base of every django-fq view: settings read per request, JSON only, uniform errors.
+
+    ``capabilities`` maps an HTTP method to the capabilities of which any
+    one admits the request (see :mod:`django_fq.api.permissions`).
+    """
+
+    capabilities: dict[str, tuple[str, ...]] = {}
+    parser_classes = [FqJSONParser]
+    renderer_classes = [JSONRenderer]
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "schema" not in cls.__dict__:
+            # drf-spectacular's inspector whatever the project's DEFAULT_SCHEMA_CLASS; one per view class.
+            cls.schema = AutoSchema()
+
+    @classmethod
+    def as_view(cls, **initkwargs):
+        view = super().as_view(**initkwargs)
+        # Opt out of ATOMIC_REQUESTS on every database (see the module docstring).
+        view._non_atomic_requests = set(connections)
+        return view
+
+    def get_authenticators(self):
+        return [auth() for auth in conf.authentication_classes()]
+
+    def get_permissions(self):
+        return [perm() for perm in conf.permission_classes()]
+
+    def get_exception_handler(self):
+        return exception_handler
+
+    def max_body_bytes(self) -> int:
+        """Largest request body this view accepts (checked against Content-Length before parsing)."""
+        return conf.max_body_bytes()
+
+
+# --- request helpers ----------------------------------------------------------------------------
+
+
+def _body(request, allowed, *, required=()) -> dict:
+    """The request body as a dict: a JSON object with only ``allowed`` keys and every ``required`` one."""
+    data = request.data
+    if not isinstance(data, dict):
+        raise InvalidJson("the request body must be a JSON object")
+    for name in sorted(map(str, data)):
+        if name not in allowed:
+            raise InvalidArgument(f"unknown field: {name}", field=name)
+    for name in required:
+        if name not in data:
+            raise InvalidArgument(f"{name} is required", field=name)
+    return dict(data)
+
+
+def _given(body: dict, name: str, default=None):
+    """``body[name]``, or ``default`` when it is missing or null."""
+    value = body.get(name)
+    return default if value is None else value
+
+
+def _query_int(request, name: str, default):
+    """An integer query parameter; a non-integer is passed on for the services to reject by name."""
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    text = raw.strip()
+    digits = text[1:] if text[:1] in "+-" else text
+    if digits.isascii() and digits.isdigit() and len(digits) <= 30:
+        return int(text)
+    return raw
+
+
+def _job_id(job_id: str) -> str:
+    # No stored id contains NUL, and PostgreSQL cannot even compare text with one.
+    if "\x00" in job_id:
+        raise JobNotFound(field="job_id")
+    return job_id
+
+
+def _at(value, field: str):
+    """``at`` as the services take it: epoch ms as given, or an ISO 8601 string made an aware datetime."""
+    if not isinstance(value, str):
+        return value
+    try:
+        parsed = parse_datetime(value.strip())
+    except (ValueError, OverflowError):
+        parsed = None
+    if parsed is None or timezone.is_naive(parsed):
+        raise InvalidTime(f"{field} must be epoch milliseconds or an ISO 8601 date-time with a UTC offset", field=field)
+    return parsed
+
+
+def _envelope(raw: dict, prefix: str = "") -> dict:
+    """Check one enqueue envelope's keys; return it with ``at`` converted."""
+    for name in sorted(map(str, raw)):
+        if name not in ENVELOPE_KEYS:
+            raise InvalidArgument(f"unknown enqueue option: {prefix}{name}", field=f"{prefix}{name}")
+    if "payload" not in raw:
+        raise InvalidArgument(f"{prefix}payload is required", field=f"{prefix}payload")
+    out = dict(raw)
+    if out.get("at") is not None:
+        out["at"] = _at(out["at"], f"{prefix}at")
+    return out
+
+
+def _worker(request, body: dict) -> str:
+    worker = body.get("worker")
+    if worker is None:
+        name = request.user.get_username() if getattr(request.user, "is_authenticated", False) else ""
+        return f"api:{name}" if name else "api"
+    if not isinstance(worker, str) or len(worker) > 200:
+        raise InvalidArgument("worker must be a string of at most 200 characters", field="worker")
+    if "\x00" in worker or any("\ud800" <= ch <= "\udfff" for ch in worker):
+        raise InvalidArgument("worker contains a NUL character or a lone surrogate", field="worker")
+    return worker
+
+
+# --- response helpers ------------------------------------------------------------------------------
+
+
+def _queue_config(queue: str, policy: QueuePolicy) -> dict:
+    return {"queue": queue, **asdict(policy)}
+
+
+def _queue_info(info) -> dict:
+    return {"name": info.name, "policy": asdict(info.policy), "counts": dict(info.counts), "created_at": info.created_at}
+
+
+def _enqueued(result) -> dict:
+    return {"id": result.id, "created": bool(result.created)}
+
+
+def _claimed(job) -> dict:
+    return {
+        "id": job.id,
+        "payload": job.payload,
+        "receipt": job.receipt,
+        "deadline": job.deadline,
+        "attempts": job.attempts,
+        "enqueued_at": job.enqueued_at,
+    }
+
+
+def _settled(result) -> dict:
+    return {"id": result.id, "state": result.state, "run_at": result.run_at, "replay": bool(result.replay)}
+
+
+def _job(info) -> dict:
+    return asdict(info)
+
+
+def _listed(info) -> dict:
+    out = asdict(info)
+    for key in ("payload", "result", "errors"):
+        out.pop(key, None)
+    return out
+
+
+def _queue_exists(queue: str) -> bool:
+    try:
+        services.policy(queue)
+    except QueueNotFound:
+        return False
+    return True
+
+
+# --- queues -----------------------------------------------------------------------------------------
+
+
+class QueueListView(FqAPIView):
+    """Every queue with its policy and its job counts per state (``manage``)."""
+
+    capabilities = {"GET": (MANAGE,)}
+
+    @_doc(
+        operation_id="queues_list",
+        summary="List every queue with its policy and job counts",
+        responses={200: s.QueueInfoSerializer(many=True), **_errors(401, 403)},
+        tags=["queues"],
+    )
+    def get(self, request):
+        return Response([_queue_info(q) for q in services.queues()])
+
+
+class QueueDetailView(FqAPIView):
+    """One queue: read its policy, set it (PUT: whole, PATCH: some fields; both create the queue), delete it (``manage``)."""
+
+    capabilities = {"GET": (MANAGE,), "PUT": (MANAGE,), "PATCH": (MANAGE,), "DELETE": (MANAGE,)}
+
+    @_doc(
+        operation_id="queue_get",
+        summary="A queue's policy (404 if it does not exist; never creates it)",
+        parameters=[_QUEUE_PARAM],
+        responses={200: s.QueueConfigSerializer, **_errors(*_COMMON, 404)},
+        tags=["queues"],
+    )
+    def get(self, request, queue):
+        return Response(_queue_config(queue, services.policy(queue)))
+
+    @_doc(
+        operation_id="queue_put",
+        summary="Set a queue's whole policy (omitted fields: defaults), creating the queue",
+        parameters=[_QUEUE_PARAM],
+        request=s.PolicyInputSerializer,
+        responses={200: s.QueueConfigSerializer, 201: s.QueueConfigSerializer, **_errors(*_COMMON, 413, 415)},
+        tags=["queues"],
+    )
+    def put(self, request, queue):
+        body = self._policy_body(request, queue)
+        defaults = asdict(QueuePolicy())
+        changes = {name: _given(body, name, defaults[name]) for name in POLICY_FIELDS}
+        return self._configure(queue, changes)
+
+    @_doc(
+        operation_id="queue_patch",
+        summary="Change some policy fields of a queue, creating the queue",
+        parameters=[_QUEUE_PARAM],
+        request=s.PolicyInputSerializer,
+        responses={200: s.QueueConfigSerializer, 201: s.QueueConfigSerializer, **_errors(*_COMMON, 413, 415)},
+        tags=["queues"],
+    )
+    def patch(self, request, queue):
+        body = self._policy_body(request, queue)
+        return self._configure(queue, {name: body[name] for name in POLICY_FIELDS if body.get(name) is not None})
+
+    @_doc(
+        operation_id="queue_delete",
+        summary="Delete a queue with all its jobs, leases and idempotency tokens",
+        parameters=[_QUEUE_PARAM],
+        responses={200: s.DeletedSerializer, **_errors(*_COMMON, 404)},
+        tags=["queues"],
+    )
+    def delete(self, request, queue):
+        services.delete_queue(queue)
+        return Response({"queue": queue, "deleted": True})
+
+    @staticmethod
+    def _policy_body(request, queue: str) -> dict:
+        body = _body(request, POLICY_FIELDS | {"queue"})
+        if "queue" in body and body["queue"] != queue:
+            raise InvalidArgument("queue in the body must be the queue of the URL", field="queue")
+        return body
+
+    @staticmethod
+    def _configure(queue: str, changes: dict) -> Response:
+        existed = _queue_exists(queue)  # for the status code only; an invalid name raises here
+        policy = services.configure(queue, **changes)
+        return Response(_queue_config(queue, policy), status=status.HTTP_200_OK if existed else status.HTTP_201_CREATED)
+
+
+class StatsView(FqAPIView):
+    """Counts per state, totals and the sums/counts of wait and run times of a queue (``manage``)."""
+
+    capabilities = {"GET": (MANAGE,)}
+
+    @_doc(
+        operation_id="queue_stats",
+        summary="Counts per state, totals and wait/run time sums of a queue",
+        parameters=[_QUEUE_PARAM],
+        responses={200: s.StatsSerializer, **_errors(*_COMMON, 404)},
+        tags=["queues"],
+    )
+    def get(self, request, queue):
+        return Response(asdict(services.stats(queue)))
+
+
+# --- jobs --------------------------------------------------------------------------------------------
+
+
+class JobsView(FqAPIView):
+    """A queue's jobs: list them (``manage``) or enqueue one (``produce``)."""
+
+    capabilities = {"GET": (MANAGE,), "POST": (PRODUCE,)}
+
+    @_doc(
+        operation_id="jobs_list",
+        summary="One page of a queue's jobs (metadata only, never a receipt)",
+        parameters=[
+            _QUEUE_PARAM,
+            OpenApiParameter("state", str, enum=list(STATE_NAMES), description="only jobs in this state"),
+            OpenApiParameter("cursor", str, description="next_cursor of the previous page"),
+            OpenApiParameter(
+                "count", {"type": "integer", "minimum": 1, "maximum": 1000}, description="page size (default 20)"
+            ),
+        ],
+        responses={200: s.JobPageSerializer, **_errors(*_COMMON, 404)},
+        tags=["jobs"],
+    )
+    def get(self, request, queue):
+        params = request.query_params
+        page = services.jobs(
+            queue,
+            state=params.get("state") or None,
+            cursor=params.get("cursor") or None,
+            count=_query_int(request, "count", 20),
+        )
+        return Response({"jobs": [_listed(j) for j in page.jobs], "next_cursor": page.next_cursor})
+
+    @_doc(
+        operation_id="job_enqueue",
+        summary="Enqueue one job (201 created; 200 when a token or unique key matched an existing job)",
+        parameters=[_QUEUE_PARAM],
+        request=s.EnqueueSerializer,
+        responses={
+            201: s.EnqueuedSerializer,
+            200: OpenApiResponse(s.EnqueuedSerializer, description="duplicate: the existing job's id"),
+            **_errors(*_COMMON, 413, 415, 429),
+        },
+        tags=["jobs"],
+    )
+    def post(self, request, queue):
+        env = _envelope(_body(request, ENVELOPE_KEYS, required=("payload",)))
+        payload = env.pop("payload")
+        result = services.enqueue(queue, payload, **env)
+        code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
+        return Response(_enqueued(result), status=code, headers={"Location": f"{request.path}{result.id}/"})
+
+
+class BulkEnqueueView(FqAPIView):
+    """Enqueue many jobs at once, all or nothing (``produce``)."""
+
+    capabilities = {"POST": (PRODUCE,)}
+
+    def max_body_bytes(self) -> int:
+        return conf.max_bulk_body_bytes()
+
+    @_doc(
+        operation_id="job_enqueue_bulk",
+        summary="Enqueue many jobs in one transaction, all or nothing; results in input order",
+        parameters=[_QUEUE_PARAM],
+        request=s.BulkEnqueueSerializer,
+        responses={
+            201: s.EnqueuedSerializer(many=True),
+            200: OpenApiResponse(s.EnqueuedSerializer(many=True), description="every envelope was a duplicate"),
+            **_errors(*_COMMON, 413, 415, 429),
+        },
+        tags=["jobs"],
+    )
+    def post(self, request, queue):
+        body = _body(request, {"jobs"}, required=("jobs",))
+        raw = body["jobs"]
+        if not isinstance(raw, list):
+            raise InvalidArgument("jobs must be a list of envelopes", field="jobs")
+        limit = conf.max_bulk_jobs()
+        if len(raw) > limit:
+            raise CountOutOfRange(f"at most {limit} jobs per bulk enqueue (FQ_API_MAX_BULK_JOBS)", field="jobs")
+        items = []
+        for i, env in enumerate(raw):
+            if not isinstance(env, dict):
+                raise InvalidArgument(f"jobs[{i}] must be a JSON object", field=f"jobs[{i}]")
+            items.append(_envelope(env, f"jobs[{i}]."))
+        try:
+            results = services.enqueue_many(queue, items)
+        except FqError as exc:
+            _rename_items(exc)
+            raise
+        code = status.HTTP_201_CREATED if any(r.created for r in results) else status.HTTP_200_OK
+        return Response([_enqueued(r) for r in results], status=code)
+
+
+def _rename_items(exc: FqError) -> None:
+    """``items[i].x`` (the services' name for an envelope) → ``jobs[i].x`` (the body's)."""
+    if exc.field and exc.field.startswith("items["):
+        exc.field = "jobs" + exc.field[len("items") :]
+        exc.message = exc.message.replace("items[", "jobs[")
+        exc.args = (exc.message,)
+
+
+class JobDetailView(FqAPIView):
+    """One job with payload, result and error history (``manage``)."""
+
+    capabilities = {"GET": (MANAGE,)}
+
+    @_doc(
+        operation_id="job_get",
+        summary="A job: metadata, payload, result and error history (never its receipt)",
+        parameters=[_QUEUE_PARAM, _JOB_PARAM],
+        responses={200: s.JobSerializer, **_errors(*_COMMON, 404)},
+        tags=["jobs"],
+    )
+    def get(self, request, queue, job_id):
+        return Response(_job(services.get(queue, _job_id(job_id))))
+
+
+class JobRetryView(FqAPIView):
+    """Retry a dead job (``manage``)."""
+
+    capabilities = {"POST": (MANAGE,)}
+
+    @_doc(
+        operation_id="job_retry",
+        summary="Make a dead job ready again with attempts reset to 0",
+        parameters=[_QUEUE_PARAM, _JOB_PARAM],
+        request=None,
+        responses={200: s.JobSerializer, **_errors(*_COMMON, 404, 409)},
+        tags=["jobs"],
+    )
+    def post(self, request, queue, job_id):
+        return Response(_job(services.retry(queue, _job_id(job_id))))
+
+
+class JobCancelView(FqAPIView):
+    """Cancel a job (``manage``)."""
+
+    capabilities = {"POST": (MANAGE,)}
+
+    @_doc(
+        operation_id="job_cancel",
+        summary="Cancel a scheduled, ready, running or dead job (a running job's receipt stops working)",
+        parameters=[_QUEUE_PARAM, _JOB_PARAM],
+        request=None,
+        responses={200: s.JobSerializer, **_errors(*_COMMON, 404, 409)},
+        tags=["jobs"],
+    )
+    def post(self, request, queue, job_id):
+        return Response(_job(services.cancel(queue, _job_id(job_id))))
+
+
+class JobWaitView(FqAPIView):
+    """Wait for a job to finish, up to 20 s (``produce`` or ``manage``)."""
+
+    capabilities = {"GET": (PRODUCE, MANAGE), "POST": (PRODUCE, MANAGE)}
+
+    @_doc(
+        operation_id="job_wait_get",
+        summary="Wait up to timeout_ms (at most 20000) for a job to succeed, die or be cancelled",
+        parameters=[
+            _QUEUE_PARAM,
+            _JOB_PARAM,
+            OpenApiParameter(
+                "timeout_ms", {"type": "integer", "minimum": 0, "maximum": 20000}, description="default 20000"
+            ),
+        ],
+        responses={200: s.JobSerializer, **_errors(*_COMMON, 404, 408)},
+        tags=["jobs"],
+    )
+    def get(self, request, queue, job_id):
+        timeout = _query_int(request, "timeout_ms", DEFAULT_WAIT_MS)
+        return Response(_job(longpoll.wait(queue, _job_id(job_id), timeout_ms=timeout)))
+
+    @_doc(
+        operation_id="job_wait",
+        summary="Wait up to timeout_ms (at most 20000) for a job to succeed, die or be cancelled",
+        parameters=[_QUEUE_PARAM, _JOB_PARAM],
+        request=s.WaitSerializer,
+        responses={200: s.JobSerializer, **_errors(*_COMMON, 404, 408, 413, 415)},
+        tags=["jobs"],
+    )
+    def post(self, request, queue, job_id):
+        body = _body(request, {"timeout_ms"})
+        timeout = _given(body, "timeout_ms", DEFAULT_WAIT_MS)
+        return Response(_job(longpoll.wait(queue, _job_id(job_id), timeout_ms=timeout)))
+
+
+# --- leases --------------------------------------------------------------------------------------------
+
+
+class ClaimView(FqAPIView):
+    """Claim jobs under leases, optionally long-polling up to 20 s (``consume``)."""
+
+    capabilities = {"POST": (CONSUME,)}
+
+    @_doc(
+        operation_id="claim",
+        summary="Take up to count eligible jobs under new leases; wait_ms (<= 20000) long-polls",
+        parameters=[_QUEUE_PARAM],
+        request=s.ClaimSerializer,
+        responses={200: s.ClaimedJobSerializer(many=True), **_errors(*_COMMON, 404, 413, 415)},
+        tags=["leases"],
+    )
+    def post(self, request, queue):
+        body = _body(request, {"count", "visibility_ms", "wait_ms", "worker"})
+        jobs = longpoll.claim(
+            queue,
+            count=_given(body, "count", 1),
+            visibility_ms=body.get("visibility_ms"),
+            wait_ms=_given(body, "wait_ms", 0),
+            worker=_worker(request, body),
+        )
+        return Response([_claimed(j) for j in jobs])
+
+
+class AckView(FqAPIView):
+    """Settle a lease as succeeded (``consume``)."""
+
+    capabilities = {"POST": (CONSUME,)}
+
+    @_doc(
+        operation_id="ack",
+        summary="The job of a receipt succeeded; store its result",
+        parameters=[_QUEUE_PARAM],
+        request=s.AckSerializer,
+        responses={200: s.SettleSerializer, **_errors(*_COMMON, 404, 409, 413, 415)},
+        tags=["leases"],
+    )
+    def post(self, request, queue):
+        body = _body(request, {"receipt", "result"}, required=("receipt",))
+        return Response(_settled(services.ack(queue, body["receipt"], result=body.get("result"))))
+
+
+class NackView(FqAPIView):
+    """Settle a lease as failed (``consume``)."""
+
+    capabilities = {"POST": (CONSUME,)}
+
+    @_doc(
+        operation_id="nack",
+        summary="An attempt failed: retry after delay_ms or the backoff, or dead when out of attempts",
+        parameters=[_QUEUE_PARAM],
+        request=s.NackSerializer,
+        responses={200: s.SettleSerializer, **_errors(*_COMMON, 404, 409, 413, 415)},
+        tags=["leases"],
+    )
+    def post(self, request, queue):
+        body = _body(request, {"receipt", "delay_ms", "error", "permanent"}, required=("receipt",))
+        permanent = _given(body, "permanent", False)
+        if not isinstance(permanent, bool):
+            raise InvalidArgument("permanent must be true or false", field="permanent")
+        result = services.nack(
+            queue, body["receipt"], delay_ms=body.get("delay_ms"), error=body.get("error"), permanent=permanent
+        )
+        return Response(_settled(result))
+
+
+class ReleaseView(FqAPIView):
+    """Give a leased job back without counting the attempt (``consume``)."""
+
+    capabilities = {"POST": (CONSUME,)}
+
+    @_doc(
+        operation_id="release",
+        summary="Give a job back: ready again now, the attempt not counted",
+        parameters=[_QUEUE_PARAM],
+        request=s.ReleaseSerializer,
+        responses={200: s.SettleSerializer, **_errors(*_COMMON, 404, 409, 413, 415)},
+        tags=["leases"],
+    )
+    def post(self, request, queue):
+        body = _body(request, {"receipt", "error"}, required=("receipt",))
+        return Response(_settled(services.release(queue, body["receipt"], error=body.get("error"))))
+
+
+class ExtendView(FqAPIView):
+    """Extend a lease (``consume``)."""
+
+    capabilities = {"POST": (CONSUME,)}
+
+    @_doc(
+        operation_id="extend",
+        summary="Move a lease's deadline to now + visibility_ms",
+        parameters=[_QUEUE_PARAM],
+        request=s.ExtendSerializer,
+        responses={200: s.DeadlineSerializer, **_errors(*_COMMON, 404, 409, 413, 415)},
+        tags=["leases"],
+    )
+    def post(self, request, queue):
+        body = _body(request, {"receipt", "visibility_ms"}, required=("receipt", "visibility_ms"))
+        deadline = services.extend(queue, body["receipt"], visibility_ms=body["visibility_ms"])
+        return Response({"deadline": deadline})
