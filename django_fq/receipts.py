@@ -40,6 +40,17 @@ def new(job_id: str, generation: int) -> tuple[str, str]:
     return f"{PREFIX}.{job_id}.{generation}.{secret}", _hash(secret)
 
 
+def new_secret() -> tuple[str, str]:
+    """A fresh ``(secret, secret_hash)`` pair, for a claim that learns the job only later."""
+    secret = secrets.token_urlsafe(32)
+    return secret, _hash(secret)
+
+
+def compose(job_id: str, generation: int, secret: str) -> str:
+    """The receipt text of lease ``generation`` of ``job_id`` holding ``secret``."""
+    return f"{PREFIX}.{job_id}.{generation}.{secret}"
+
+
 def parse(receipt: object) -> ParsedReceipt | None:
     """Split a presented receipt; ``None`` when it is not shaped like one of ours."""
     if not isinstance(receipt, str) or len(receipt) > 128:

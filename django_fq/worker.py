@@ -108,7 +108,7 @@ from typing import Any
 from django.db import Error as DjangoDbError
 from django.db import OperationalError, connections
 
-from . import conf, services, wakeup
+from . import conf, services, validation, wakeup
 from . import handlers as registry
 from .exceptions import (
     FqError,
@@ -137,6 +137,10 @@ _POLICY_TTL_S = 30.0
 _BURST_DB_FAILURES = 5
 #: Most jobs one claim call asks for (SPEC §5).
 MAX_CLAIM = 1000
+#: Most jobs a worker may claim ahead of its runner threads.
+MAX_PREFETCH = 10_000
+#: Most jobs one ``ack_many`` call of the completer settles.
+_ACK_BATCH = 500
 #: Environment variable naming test-only faults to inject (see :meth:`Worker._inject`).
 FAULTS_ENV = "FQ_TEST_WORKER_FAULTS"
 #: Set by the supervisor in each child: the supervisor's pid (a child stops when it is orphaned).
@@ -488,6 +492,10 @@ class Worker:
             a registered handler. A queue without a handler is a
             :class:`WorkerConfigError`.
         concurrency: jobs run at once (runner threads), 1–1000.
+        prefetch: jobs claimed ahead of a free runner thread, 0–10000 (default 0).
+            Their leases run (and are extended) while they wait, so keep it
+            small unless jobs are short: it lets tiny jobs be claimed in
+            large batches without hundreds of threads.
         visibility_ms: lease length of each claim; ``None`` uses each queue's policy.
         poll_interval_ms: first pause when a round found no work; doubles while
             idle up to ``max_poll_interval_ms``.
@@ -508,6 +516,7 @@ class Worker:
         queues: Iterable[str] | None = None,
         *,
         concurrency: int = 1,
+        prefetch: int = 0,
         visibility_ms: int | None = None,
         poll_interval_ms: int = 200,
         max_poll_interval_ms: int = 1000,
@@ -534,11 +543,17 @@ class Worker:
             raise WorkerConfigError(f"no handler is registered for queue(s): {', '.join(missing)}")
         if not 1 <= concurrency <= MAX_CLAIM:
             raise WorkerConfigError(f"concurrency must be between 1 and {MAX_CLAIM}")
+        if not 0 <= prefetch <= MAX_PREFETCH:
+            raise WorkerConfigError(f"prefetch must be between 0 and {MAX_PREFETCH}")
         if not 0 < heartbeat_fraction < 1:
             raise WorkerConfigError("heartbeat_fraction must be between 0 and 1")
         self.queues: list[str] = wanted
         self.handlers: dict[str, Callable] = {q: known[q] for q in wanted}
         self.concurrency = concurrency
+        self.prefetch = prefetch
+        #: Jobs in hand at most: running, plus claimed ahead and waiting for a runner thread.
+        self.capacity = concurrency + prefetch
+        self._claim_floor = max(1, self.capacity // 4)
         self.visibility_ms = visibility_ms
         self.poll_interval_s = max(0, poll_interval_ms) / 1000
         self.max_poll_interval_s = max(self.poll_interval_s, max_poll_interval_ms / 1000)
@@ -561,6 +576,8 @@ class Worker:
         self._running: dict[int, _Running] = {}
         self._seq = 0
         self._work: queue_module.SimpleQueue = queue_module.SimpleQueue()
+        # Finished jobs waiting for the completer thread's next ack_many batch.
+        self._acks: queue_module.SimpleQueue = queue_module.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._stopping = False
         self._stop_reason = ""
@@ -658,7 +675,10 @@ class Worker:
                     return "max jobs reached"
                 self._wait(0.5, until_slot=True)
                 continue
-            if self.running_count >= self.concurrency:
+            running = self.running_count
+            if running >= self.capacity or (running and self.capacity - running < self._claim_floor):
+                # Claim in batches: while jobs are still running, wait until a
+                # quarter of the slots are free instead of claiming one by one.
                 self._wait(0.5, until_slot=True)
                 continue
             with self._cv:
@@ -682,7 +702,7 @@ class Worker:
                 failing_since, backoff, failures = None, 0.0, 0
             if got:
                 poll = self.poll_interval_s
-                if more or self.burst or self.running_count >= self.concurrency:
+                if more or self.burst or self.running_count >= self.capacity:
                     continue  # a queue gave all it was asked for (it may have more), or no slot is free
                 # Queues are drained for now; a finished job, a notification or the poll brings the next round.
                 self._wait(poll)
@@ -707,7 +727,8 @@ class Worker:
         with self._cv:
             while not self._stopping:
                 if until_slot:
-                    if len(self._running) < self.concurrency:
+                    free = self.capacity - len(self._running)
+                    if free >= self._claim_floor or (free > 0 and not self._running):
                         return True
                 elif self._notified:
                     return True
@@ -766,7 +787,7 @@ class Worker:
         for i in range(n):
             if self._stopping:
                 break
-            free = self.concurrency - self.running_count
+            free = self.capacity - self.running_count
             allowance = self._allowance()
             if allowance is not None:
                 free = min(free, allowance)
@@ -830,6 +851,7 @@ class Worker:
     def _start_threads(self) -> None:
         for n in range(self.concurrency):
             self._spawn(self._runner, f"fq-runner-{n}")
+        self._spawn(self._completer_loop, "fq-completer")
         self._spawn(self._heartbeat_loop, "fq-heartbeat")
         if self.reaper:
             self._spawn(self._reaper_loop, "fq-reaper")
@@ -846,24 +868,128 @@ class Worker:
                 if item is None:
                     return
                 seq, running = item
+                handed_over = False
                 try:
                     if running.state.lost.is_set():
                         continue  # released at shutdown before it started
+                    if self._stopping:
+                        # Claimed ahead (prefetch) and not started: a stopping worker
+                        # starts nothing new, it gives the job back at once.
+                        if self._take(running):
+                            self._release(running, "shutdown")
+                        continue
                     outcome = self.execute(running)
-                    self.settle(running, outcome)
+                    handed_over = self._queue_ack(seq, running, outcome)
+                    if not handed_over:
+                        self.settle(running, outcome)
                 except Exception as exc:  # noqa: BLE001 - a runner thread must survive anything
                     log.exception("worker internal error")
                     emit(logging.ERROR, "worker.internal_error", **running.where(), error=_summary(exc))
                 finally:
-                    with self._lock:
-                        self._running.pop(seq, None)
-                    with self._cv:
-                        # A finished job frees a slot and may have made work eligible (a retry): look again.
-                        self._notified = True
-                        self._cv.notify_all()
+                    if not handed_over:  # else the completer frees the slot once the ack is in
+                        self._free_slots([seq])
                     _tidy_connections()
         finally:
             connections.close_all()
+
+    def _free_slots(self, seqs: list[int]) -> None:
+        with self._lock:
+            for seq in seqs:
+                self._running.pop(seq, None)
+        with self._cv:
+            # A finished job frees a slot and may have made work eligible (a retry): look again.
+            self._notified = True
+            self._cv.notify_all()
+
+    def _queue_ack(self, seq: int, running: _Running, outcome: Outcome) -> bool:
+        """Hand a successful run to the completer thread, which acks in batches; False: settle it here.
+
+        Only a plain success whose result can be stored goes to the batch; a
+        failure, a lost lease or an unstorable result takes :meth:`settle`.
+        """
+        if outcome.kind != "ok" or running.state.lost_reason() is not None:
+            return False
+        try:
+            validation.json_text(outcome.result, "result")
+        except (InvalidJson, PayloadTooLarge):
+            return False  # settle() turns it into a failed attempt with a clear error
+        if not self._take(running):
+            return False  # released at shutdown meanwhile; settle() sees that too
+        self._acks.put((seq, running, outcome))
+        return True
+
+    def _completer_loop(self) -> None:
+        """Ack finished jobs in batches: everything that finished while the previous batch was in flight.
+
+        No job waits for a timer: a lone job is acked at once, and under load a
+        batch forms by itself while the database answers the previous one.
+        """
+        try:
+            while True:
+                item = self._acks.get()
+                if item is None:
+                    return
+                batch = [item]
+                while len(batch) < _ACK_BATCH:
+                    try:
+                        more = self._acks.get_nowait()
+                    except queue_module.Empty:
+                        break
+                    if more is None:
+                        self._acks.put(None)  # finish this batch, then stop
+                        break
+                    batch.append(more)
+                by_queue: dict[str, list] = {}
+                for entry in batch:
+                    by_queue.setdefault(entry[1].claimed.queue, []).append(entry)
+                for queue_name, entries in by_queue.items():
+                    try:
+                        self._ack_batch(queue_name, entries)
+                    except Exception as exc:  # noqa: BLE001 - the completer must survive anything
+                        log.exception("worker internal error")
+                        emit(logging.ERROR, "worker.internal_error", worker=self.worker_id, step="ack", error=_summary(exc))
+                    finally:
+                        self._free_slots([seq for seq, _, _ in entries])
+                        _tidy_connections()
+        finally:
+            connections.close_all()
+
+    def _ack_batch(self, queue_name: str, entries: list) -> None:
+        """Ack ``entries`` of one queue with one ``ack_many``; log and count each like :meth:`settle`."""
+        pending = []
+        for seq, running, outcome in entries:
+            reason = running.state.lost_reason()
+            if reason is not None:  # the lease went away after the handler returned
+                self._count("settle_errors")
+                emit(logging.WARNING, "job.not_settled", **running.where(), ms=outcome.elapsed_ms, reason=f"lease_lost:{reason}")
+            else:
+                pending.append((running, outcome))
+        if not pending:
+            return
+        pairs = [(r.claimed.receipt, o.result) for r, o in pending]
+        try:
+            results = self._settle_call(pending[0][0], "ack", lambda: services.ack_many(queue_name, pairs))
+        except _SettleAbandoned as exc:
+            self._count("settle_errors", len(pending))
+            for running, outcome in pending:
+                emit(logging.ERROR, "job.not_settled", **running.where(), ms=outcome.elapsed_ms, reason=f"database unavailable: {exc}")
+            return
+        except QueueNotFound as exc:
+            self._count("settle_errors", len(pending))
+            for running, outcome in pending:
+                emit(logging.ERROR, "job.not_settled", **running.where(), ms=outcome.elapsed_ms, code=exc.code, reason=exc.message)
+            return
+        for (running, outcome), settled in zip(pending, results):
+            where = running.where()
+            if isinstance(settled, ReceiptCancelled):
+                self._count("settle_errors")
+                emit(logging.WARNING, "job.cancelled", **where, ms=outcome.elapsed_ms, code=settled.code, detail="cancelled while it ran; not settled")
+            elif isinstance(settled, FqError):
+                self._count("settle_errors")
+                emit(logging.WARNING, "job.not_settled", **where, ms=outcome.elapsed_ms, code=settled.code, reason=settled.message)
+            else:
+                self._count("ok")
+                emit(logging.INFO, "job.acked", **where, ms=outcome.elapsed_ms, replay=settled.replay or None)
 
     def execute(self, running: _Running) -> Outcome:
         """Run the handler of the job's queue on its context; never raises."""
@@ -900,6 +1026,11 @@ class Worker:
         A database error is retried with the same arguments (a repeat is
         answered as a replay) until the outcome is known.
         """
+        expired = running.state.lost_reason()
+        if expired is not None and not running.state.lost.is_set():
+            # The handler saw the deadline pass before the heartbeat thread did:
+            # record the loss now, so it is logged like any other.
+            self._lost(running, expired)
         if not self._take(running):
             return None  # released at shutdown meanwhile
         where = running.where()
@@ -975,7 +1106,9 @@ class Worker:
                 pause = min(2.0, pause * 2)
                 continue
             if tries > 1:
-                emit(logging.WARNING, "worker.reconnected", worker=self.worker_id, step=op, tries=tries, replay=result.replay)
+                outcomes = result if isinstance(result, list) else [result]
+                replay = any(getattr(r, "replay", False) for r in outcomes)
+                emit(logging.WARNING, "worker.reconnected", worker=self.worker_id, step=op, tries=tries, replay=replay)
             return result
 
     def _inject(self, op: str, call: Callable[[], SettleResult]) -> SettleResult:
@@ -1181,11 +1314,12 @@ class Worker:
         self._done.set()
         for _ in range(self.concurrency):
             self._work.put(None)
+        self._acks.put(None)
         with self._beat_cv:
             self._beat_dirty = True
             self._beat_cv.notify_all()
         for thread in self._threads:
-            if thread.name in ("fq-heartbeat", "fq-reaper"):
+            if thread.name in ("fq-completer", "fq-heartbeat", "fq-reaper"):
                 thread.join(timeout=10)
         if self._listener is not None:
             self._listener.unsubscribe(self._on_notify)

@@ -19,6 +19,7 @@ from ..exceptions import FqError, InvalidReceipt, QueueNotFound, ReceiptCancelle
 from ..models import Job
 from ..types import ClaimedJob, SettleResult
 from ._base import (
+    COUNTER,
     JOB,
     LEASE,
     QUEUE,
@@ -75,18 +76,123 @@ def claim(
         validation.visibility(visibility_ms)
     validation.integer(wait_ms, "wait_ms", 0, validation.MAX_WAIT_MS)
     worker = validation.worker_id(worker)
-    q = get_queue(queue)
-    vis = visibility_ms or q.visibility_ms
+    validation.queue_name(queue)
     give_up = time.monotonic() + wait_ms / 1000
     while True:
         mark = wakeup.listener().mark() if wait_ms else None
-        jobs = db.retrying(_claim_once, q.id, queue, count, vis, worker)
+        jobs = _claim_round(queue, count, visibility_ms, worker)
         remaining = give_up - time.monotonic()
         if jobs or remaining <= 0:
             return jobs
         # Woken at once by an enqueue's NOTIFY on PostgreSQL; the short poll
         # also catches delayed jobs becoming eligible, and is all SQLite has.
         wakeup.listener().wait(mark, {queue}, min(LONG_POLL_INTERVAL_S, remaining))
+
+
+def _claim_round(queue: str, count: int, visibility_ms: int | None, worker: str) -> list[ClaimedJob]:
+    """One attempt at claiming: expiry handling for the queue first, then the claim itself."""
+    conn = db.connection()
+    if not db.is_postgres(conn):
+        q = get_queue(queue)
+        return db.retrying(_claim_once, q.id, queue, count, visibility_ms or q.visibility_ms, worker)
+    now = db.now_sql(conn)
+    with conn.cursor() as cur:
+        # One round trip: the queue, and whether any of its leases has expired.
+        cur.execute(
+            f"SELECT q.id, q.concurrency, q.visibility_ms, EXISTS (SELECT 1 FROM {LEASE} l "
+            f"WHERE l.queue_id = q.id AND l.deadline <= {now}) FROM {QUEUE} q WHERE q.name = %s",
+            [queue],
+        )
+        row = cur.fetchone()
+    if row is None:
+        raise QueueNotFound(f"no such queue: {queue}", field="queue")
+    queue_id, concurrency, default_vis, expired = row
+    vis = visibility_ms or default_vis
+    if concurrency > 0:
+        return db.retrying(_claim_once, queue_id, queue, count, vis, worker)
+    if expired:
+        db.retrying(lambda: expire_leases(db.connection(), queue_id=queue_id, limit=CLAIM_REAP_BATCH))
+    return db.retrying(_claim_pg, queue_id, queue, count, vis, worker, atomic=False)
+
+
+# The claim on PostgreSQL as one statement (autocommit makes it atomic): lock up to
+# n eligible jobs in claim order (FOR UPDATE SKIP LOCKED), keep those within the
+# payload cap, mark them running, write their leases and add to the counters.
+_CLAIM_PG = """
+WITH c AS (SELECT {now} AS t),
+picked AS (
+    SELECT seq, priority, payload_size FROM {job}
+    WHERE queue_id = %(q)s AND state = 'queued' AND run_at <= (SELECT t FROM c)
+    ORDER BY priority DESC, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED),
+ranked AS (
+    SELECT seq, ROW_NUMBER() OVER w AS rn, SUM(payload_size) OVER w AS cum
+    FROM picked WINDOW w AS (ORDER BY priority DESC, seq ROWS UNBOUNDED PRECEDING)),
+taken AS (
+    UPDATE {job} j SET state = 'running', attempts = j.attempts + 1, generation = j.generation + 1,
+        claimed_at = c.t, changed_at = c.t, worker = %(w)s
+    FROM ranked, c WHERE j.seq = ranked.seq AND ranked.cum <= %(cap)s
+    RETURNING j.seq, j.uid, j.payload, j.generation, j.attempts, j.max_attempts, j.priority,
+        j.enqueued_at, j.run_at, j.timeout_ms, j.claimed_at, ranked.rn),
+leases AS (
+    INSERT INTO {lease} (job_id, queue_id, generation, receipt_hash, claimed_at, deadline, timeout_at, worker)
+    SELECT seq, %(q)s, generation, (%(hashes)s::text[])[rn], claimed_at,
+        CASE WHEN timeout_ms > 0 THEN LEAST(claimed_at + %(vis)s, claimed_at + timeout_ms)
+             ELSE claimed_at + %(vis)s END,
+        CASE WHEN timeout_ms > 0 THEN claimed_at + timeout_ms END, %(w)s
+    FROM taken),
+totals AS (
+    SELECT COUNT(*) AS k, COALESCE(SUM(GREATEST(0, claimed_at - GREATEST(enqueued_at, run_at))), 0) AS wait
+    FROM taken),
+shard AS (
+    UPDATE {counter} s SET claimed = s.claimed + totals.k, wait_ms_sum = s.wait_ms_sum + totals.wait,
+        wait_count = s.wait_count + totals.k
+    FROM totals WHERE totals.k > 0
+        AND s.id = (SELECT id FROM {counter} WHERE queue_id = %(q)s LIMIT 1 FOR UPDATE SKIP LOCKED)
+    RETURNING s.id),
+spare AS (
+    INSERT INTO {counter} (queue_id, claimed, wait_ms_sum, wait_count)
+    SELECT %(q)s, k, wait, k FROM totals WHERE k > 0 AND NOT EXISTS (SELECT 1 FROM shard))
+SELECT seq, uid, payload, generation, attempts, max_attempts, priority, enqueued_at, run_at, timeout_ms,
+    claimed_at, rn FROM taken
+"""
+
+
+def _claim_pg(queue_id: int, queue: str, count: int, vis: int, worker: str) -> list[ClaimedJob]:
+    conn = db.connection()
+    pairs = [receipts.new_secret() for _ in range(count)]
+    sql = _CLAIM_PG.format(now=db.now_sql(conn), job=JOB, lease=LEASE, counter=COUNTER)
+    with conn.cursor() as cur:
+        cur.execute(
+            sql,
+            {
+                "q": queue_id,
+                "n": count,
+                "w": worker,
+                "cap": CLAIM_PAYLOAD_CAP_BYTES,
+                "vis": vis,
+                "hashes": [digest for _, digest in pairs],
+            },
+        )
+        rows = cur.fetchall()
+    rows.sort(key=lambda r: (-r[6], r[0]))
+    jobs = []
+    for seq, uid, payload, generation, attempts, max_attempts, priority, enqueued_at, _run_at, timeout_ms, claimed, rn in rows:
+        deadline = claimed + vis if not timeout_ms else min(claimed + vis, claimed + timeout_ms)
+        jobs.append(
+            ClaimedJob(
+                id=uid,
+                queue=queue,
+                payload=load_json(payload),
+                receipt=receipts.compose(uid, generation, pairs[rn - 1][0]),
+                deadline=deadline,
+                attempts=attempts,
+                max_attempts=max_attempts,
+                priority=priority,
+                enqueued_at=enqueued_at,
+                claimed_at=claimed,
+            )
+        )
+    return jobs
 
 
 def _claim_once(queue_id: int, queue: str, count: int, vis: int, worker: str) -> list[ClaimedJob]:
@@ -227,9 +333,37 @@ def _ack(queue: str, items: list[tuple[str, str | None, str]]) -> list:
     """Settle ``(receipt, result_text, args_digest)`` items as succeeded, in one transaction."""
     q = get_queue(queue)
 
+    requests = [(r, "ack", args) for r, _, args in items]
+
+    def apply_pg():
+        conn = db.connection()
+        found = _locked_leases(conn, q.id, requests, judge=False)
+        live = [(i, lease) for i, lease in enumerate(found) if isinstance(lease, dict)]
+        if live:
+            with conn.cursor() as cur:
+                cur.execute(
+                    _ACK_PG.format(now=db.now_sql(conn), job=JOB, lease=LEASE, counter=COUNTER),
+                    {
+                        "q": q.id,
+                        "seqs": [lease["job_id"] for _, lease in live],
+                        "results": [items[i][1] for i, _ in live],
+                        "args": [items[i][2] for i, _ in live],
+                    },
+                )
+                acked = {r[0] for r in cur.fetchall()}
+            for i, lease in live:
+                if lease["job_id"] not in acked:  # its deadline passed before the locks were granted
+                    found[i] = InvalidReceipt("invalid or expired receipt: the lease has expired", field="receipt")
+        return [
+            SettleResult(id=lease["uid"], state="succeeded") if isinstance(lease, dict) else lease for lease in found
+        ]
+
+    if db.is_postgres():
+        return db.retrying(apply_pg)
+
     def apply():
         conn = db.connection()
-        found = _locked_leases(conn, q.id, [(r, "ack", args) for r, _, args in items])
+        found = _locked_leases(conn, q.id, requests)
         live = [(i, lease) for i, lease in enumerate(found) if isinstance(lease, dict)]
         if live:
             now = live[0][1]["now"]
@@ -257,6 +391,37 @@ def _ack(queue: str, items: list[tuple[str, str | None, str]]) -> list:
 
 
 _ACKED_JSON = '{"state":"succeeded","run_at":null}'
+
+# Ack on PostgreSQL in one statement, under the lease locks the transaction
+# already holds: end the leases still live now, mark their jobs succeeded,
+# add to the counters. Returns the jobs acked.
+_ACK_PG = (
+    """
+WITH c AS (SELECT {now} AS t),
+v AS (SELECT * FROM unnest(%(seqs)s::bigint[], %(results)s::text[], %(args)s::text[]) AS v(seq, result, args)),
+gone AS (
+    DELETE FROM {lease} l USING v, c WHERE l.job_id = v.seq AND l.deadline > c.t
+    RETURNING l.job_id, l.claimed_at, l.receipt_hash),
+done AS (
+    UPDATE {job} j SET state = 'succeeded', result = v.result, settled_hash = gone.receipt_hash,
+        settled_args = v.args, settled_op = 'ack', settled_outcome = '"""
+    + _ACKED_JSON.replace("{", "{{").replace("}", "}}")
+    + """',
+        finished_at = c.t, changed_at = c.t
+    FROM gone JOIN v ON v.seq = gone.job_id CROSS JOIN c WHERE j.seq = gone.job_id),
+totals AS (SELECT COUNT(*) AS k, COALESCE(SUM(GREATEST(0, c.t - gone.claimed_at)), 0) AS run FROM gone, c),
+shard AS (
+    UPDATE {counter} s SET acked = s.acked + totals.k, active = s.active - totals.k,
+        run_ms_sum = s.run_ms_sum + totals.run, run_count = s.run_count + totals.k
+    FROM totals WHERE totals.k > 0
+        AND s.id = (SELECT id FROM {counter} WHERE queue_id = %(q)s LIMIT 1 FOR UPDATE SKIP LOCKED)
+    RETURNING s.id),
+spare AS (
+    INSERT INTO {counter} (queue_id, acked, active, run_ms_sum, run_count)
+    SELECT %(q)s, k, -k, run, k FROM totals WHERE k > 0 AND NOT EXISTS (SELECT 1 FROM shard))
+SELECT job_id FROM gone
+"""
+)
 
 
 def nack(
@@ -379,31 +544,36 @@ def _locked_lease(conn, queue_id: int, receipt: str, op: str, args: str | None =
     return found
 
 
-def _locked_leases(conn, queue_id: int, requests: list[tuple[str, str, str | None]]) -> list:
+def _locked_leases(conn, queue_id: int, requests: list[tuple[str, str, str | None]], *, judge: bool = True) -> list:
     """Batch form of :func:`_locked_lease` for ``(receipt, op, args)`` requests.
 
     Returns per request: the locked live lease row (a dict), a replay
     :class:`SettleResult`, or the :class:`InvalidReceipt` to raise. Leases are
-    locked in job order, so concurrent batches cannot deadlock.
+    locked in job order, so concurrent batches cannot deadlock. With
+    ``judge=False`` (PostgreSQL only) the deadline is not checked here: the
+    caller's next statement must check it, under the locks taken here.
     """
     parsed = [receipts.parse(r) for r, _, _ in requests]
     uids = sorted({p.job_id for p in parsed if p is not None})
     rows: dict[str, dict] = {}
     if uids:
         now = db.now_sql(conn)
-        marks = ", ".join(["%s"] * len(uids))
-        match = f"FROM {LEASE} l JOIN {JOB} j ON j.seq = l.job_id WHERE l.queue_id = %s AND j.uid IN ({marks})"
+        columns = "l.job_id, l.generation, l.receipt_hash, l.claimed_at, l.deadline, l.timeout_at, l.worker, j.uid"
+        match = f"FROM {LEASE} l JOIN {JOB} j ON j.seq = l.job_id WHERE l.queue_id = %s AND j.uid = ANY(%s)"
         with conn.cursor() as cur:
             if db.is_postgres(conn):
                 # Lock first, then judge the deadline: a verdict computed while
                 # waiting for the lock would be stale once the lock is granted.
-                cur.execute(f"SELECT l.job_id {match} ORDER BY l.job_id FOR UPDATE OF l", [queue_id, *uids])
-            cur.execute(
-                f"SELECT l.job_id, l.generation, l.receipt_hash, l.claimed_at, l.deadline, l.timeout_at, l.worker, "
-                f"j.uid, CASE WHEN l.deadline > {now} THEN 1 ELSE 0 END AS live, {now} AS now {match}",
-                [queue_id, *uids],
-            )
-            rows = {r["uid"]: r for r in fetch_dicts(cur)}
+                locking = f"SELECT {columns if not judge else 'l.job_id'} {match} ORDER BY l.job_id FOR UPDATE OF l"
+                cur.execute(locking, [queue_id, uids])
+            else:
+                match = match.replace("= ANY(%s)", f"IN ({', '.join(['%s'] * len(uids))})")
+            if judge:
+                cur.execute(
+                    f"SELECT {columns}, CASE WHEN l.deadline > {now} THEN 1 ELSE 0 END AS live, {now} AS now {match}",
+                    [queue_id, uids] if db.is_postgres(conn) else [queue_id, *uids],
+                )
+            rows = {r["uid"]: {"live": 1, **r} for r in fetch_dicts(cur)}
     out: list = []
     taken: set[str] = set()
     for p, (_, op, args) in zip(parsed, requests):

@@ -366,9 +366,13 @@ def test_c12_ack_interrupted_by_a_dropped_connection_is_retried_safely(workers, 
 @pytest.mark.postgres_only
 def test_c12_server_drops_every_worker_connection_mid_job(workers, events, gate):
     """PostgreSQL terminates the worker's sessions while a job runs; the ack that follows reconnects and lands."""
+    # A first job opens the completer thread's session (acks are sent from there), so the
+    # kill below hits the connection the next ack will use.
+    worker = workers(f"--queue={Q}", "--visibility=5000", *FAST)
+    warm = fq.enqueue(Q, {"events": events.path}).id
+    wait_until(lambda: fq.get(Q, warm).state == "succeeded", what="the warm-up job")
     # The runner thread queries the database before waiting, so its session is one of those killed.
     job = fq.enqueue(Q, {"events": events.path, "gate": str(gate), "touch_db": True}).id
-    worker = workers(f"--queue={Q}", "--visibility=5000", *FAST)
     events.wait_for("touched", job)
 
     with connection.cursor() as cur:

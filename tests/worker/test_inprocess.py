@@ -246,3 +246,34 @@ def test_listener_is_inactive_on_sqlite_and_the_worker_polls():
     from django_fq import wakeup
 
     assert wakeup.listener().active is False
+
+
+def test_prefetch_claims_ahead_and_a_stop_gives_unstarted_jobs_back_at_once():
+    """With one thread and prefetch 9, one claim takes 10 jobs; on stop, the 9 waiting ones are released."""
+    ids = [r.id for r in fq.enqueue_many(Q, [{"payload": n} for n in range(10)])]
+    started = threading.Event()
+    release_first = threading.Event()
+    ran = []
+
+    def slow(job):
+        ran.append(job.id)
+        started.set()
+        release_first.wait(10)
+        return None
+
+    worker = Worker([Q], handlers={Q: slow}, concurrency=1, prefetch=9, poll_interval_ms=10, reaper=False, grace_s=5)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    assert started.wait(10)
+    assert fq.stats(Q).counts["running"] == 10  # claimed in one batch: 1 running + 9 waiting
+    worker.request_stop("test over")
+    release_first.set()  # the running job finishes within the grace period
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+
+    assert ran == [ids[0]]
+    assert fq.get(Q, ids[0]).state == "succeeded"
+    for job in ids[1:]:
+        info = fq.get(Q, job)
+        assert (info.state, info.attempts) == ("ready", 0)  # given back, the attempt not counted
+    assert fq.stats(Q).totals["released"] == 9

@@ -53,6 +53,13 @@ class Command(BaseCommand):
         )
         parser.add_argument("--concurrency", type=int, default=1, metavar="N", help="Jobs run at once per process (threads). Default 1.")
         parser.add_argument(
+            "--prefetch",
+            type=int,
+            default=0,
+            metavar="N",
+            help="Jobs claimed ahead of a free thread (0-10000), so short jobs are claimed in bigger batches. Default 0.",
+        )
+        parser.add_argument(
             "--processes",
             type=int,
             default=1,
@@ -127,6 +134,7 @@ class Command(BaseCommand):
             worker = Worker(
                 options["queues"],
                 concurrency=options["concurrency"],
+                prefetch=options["prefetch"],
                 visibility_ms=options["visibility"],
                 poll_interval_ms=options["poll_interval"],
                 max_poll_interval_ms=options["max_poll_interval"],
@@ -235,6 +243,7 @@ def _child_args(options: dict) -> list[str]:
     args = [f"--queue={q}" for q in options["queues"] or ()]
     args += [
         f"--concurrency={options['concurrency']}",
+        f"--prefetch={options['prefetch']}",
         f"--grace={options['grace']}",
         f"--poll-interval={options['poll_interval']}",
         f"--max-poll-interval={options['max_poll_interval']}",
