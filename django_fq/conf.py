@@ -17,6 +17,11 @@ setting                        default             meaning
 ``FQ_HANDLERS``                ``{}``              ``{queue: "dotted.path"}`` handlers, besides
                                                    ``@handler`` in ``fq_handlers`` modules
 ``FQ_SCHEDULE``                ``{}``              cron entries, see ``docs/periodic.md``
+``FQ_SYNCHRONOUS_SETTLE``      ``False``           PostgreSQL: when False, claim/ack/nack/
+                                                   extend/release that django-fq commits
+                                                   itself do not wait for the WAL flush
+                                                   (``synchronous_commit = off``); see
+                                                   docs/concepts.md "Durability"
 ``FQ_TEST_CLOCK_OFFSET_MS``    0                   tests only: shifts the database clock
                                                    *inside the SQL expression*
 =============================  ==================  ==========================================
@@ -39,6 +44,7 @@ DEFAULTS = {
     "FQ_MAX_TOKENS_PER_QUEUE": 1_000_000,
     "FQ_FINISHED_RETENTION_MS": 7 * 24 * 3600 * 1000,
     "FQ_TEST_CLOCK_OFFSET_MS": 0,
+    "FQ_SYNCHRONOUS_SETTLE": False,
 }
 
 

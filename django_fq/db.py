@@ -119,6 +119,24 @@ def retrying(fn, *args, attempts: int = 8, atomic: bool = True, **kwargs):
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def relaxed_commit(conn) -> bool:
+    """True when a lease change django-fq commits itself may skip the WAL flush.
+
+    PostgreSQL only, unless ``FQ_SYNCHRONOUS_SETTLE`` is set, and never inside
+    the caller's transaction (its durability is the caller's). A database
+    crash may then forget the last fraction of a second of claims and acks;
+    each forgotten one only makes a job run again, which at-least-once
+    delivery allows. Enqueues always wait for the flush.
+    """
+    return conn.vendor == "postgresql" and not conn.in_atomic_block and not conf.get("FQ_SYNCHRONOUS_SETTLE")
+
+
+def relax_commit(conn) -> None:
+    """Inside a transaction django-fq owns: commit it without waiting for the WAL flush."""
+    with conn.cursor() as cur:
+        cur.execute("SET LOCAL synchronous_commit = off")
+
+
 def notify(conn, queue_name: str) -> None:
     """Wake idle workers of ``queue_name``; PostgreSQL only, delivered at commit, dropped on rollback."""
     if conn.vendor == "postgresql":

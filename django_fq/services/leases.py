@@ -109,7 +109,7 @@ def _claim_round(queue: str, count: int, visibility_ms: int | None, worker: str)
     queue_id, concurrency, default_vis, expired = row
     vis = visibility_ms or default_vis
     if concurrency > 0:
-        return db.retrying(_claim_once, queue_id, queue, count, vis, worker)
+        return db.retrying(_claim_once, queue_id, queue, count, vis, worker, relaxed=db.relaxed_commit(conn))
     if expired:
         db.retrying(lambda: expire_leases(db.connection(), queue_id=queue_id, limit=CLAIM_REAP_BATCH))
     return db.retrying(_claim_pg, queue_id, queue, count, vis, worker, atomic=False)
@@ -119,7 +119,7 @@ def _claim_round(queue: str, count: int, visibility_ms: int | None, worker: str)
 # n eligible jobs in claim order (FOR UPDATE SKIP LOCKED), keep those within the
 # payload cap, mark them running, write their leases and add to the counters.
 _CLAIM_PG = """
-WITH c AS (SELECT {now} AS t),
+WITH c AS (SELECT {now} AS t{relax}),
 picked AS (
     SELECT seq, priority, payload_size FROM {job}
     WHERE queue_id = %(q)s AND state = 'queued' AND run_at <= (SELECT t FROM c)
@@ -160,7 +160,10 @@ SELECT seq, uid, payload, generation, attempts, max_attempts, priority, enqueued
 def _claim_pg(queue_id: int, queue: str, count: int, vis: int, worker: str) -> list[ClaimedJob]:
     conn = db.connection()
     pairs = [receipts.new_secret() for _ in range(count)]
-    sql = _CLAIM_PG.format(now=db.now_sql(conn), job=JOB, lease=LEASE, counter=COUNTER)
+    # Autocommit: this statement is its own transaction, and set_config(..., true)
+    # relaxes just that transaction's commit (see db.relaxed_commit).
+    relax = " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed" if db.relaxed_commit(conn) else ""
+    sql = _CLAIM_PG.format(now=db.now_sql(conn), relax=relax, job=JOB, lease=LEASE, counter=COUNTER)
     with conn.cursor() as cur:
         cur.execute(
             sql,
@@ -195,8 +198,10 @@ def _claim_pg(queue_id: int, queue: str, count: int, vis: int, worker: str) -> l
     return jobs
 
 
-def _claim_once(queue_id: int, queue: str, count: int, vis: int, worker: str) -> list[ClaimedJob]:
+def _claim_once(queue_id: int, queue: str, count: int, vis: int, worker: str, relaxed: bool = False) -> list[ClaimedJob]:
     conn = db.connection()
+    if relaxed:
+        db.relax_commit(conn)
     expire_leases(conn, queue_id=queue_id, limit=CLAIM_REAP_BATCH)
     now = db.now_sql(conn)
     with conn.cursor() as cur:
@@ -335,8 +340,12 @@ def _ack(queue: str, items: list[tuple[str, str | None, str]]) -> list:
 
     requests = [(r, "ack", args) for r, _, args in items]
 
+    relaxed = db.relaxed_commit(db.connection())
+
     def apply_pg():
         conn = db.connection()
+        if relaxed:
+            db.relax_commit(conn)
         found = _locked_leases(conn, q.id, requests, judge=False)
         live = [(i, lease) for i, lease in enumerate(found) if isinstance(lease, dict)]
         if live:
@@ -448,8 +457,12 @@ def nack(
     q = get_queue(queue)
     args = settle_digest("nack", delay_ms, message, bool(permanent))
 
+    relaxed = db.relaxed_commit(db.connection())
+
     def apply():
         conn = db.connection()
+        if relaxed:
+            db.relax_commit(conn)
         lease = _locked_lease(conn, q.id, receipt, "nack", args)
         if isinstance(lease, SettleResult):
             return lease
@@ -481,8 +494,12 @@ def release(queue: str, receipt: str, *, error: str | None = None) -> SettleResu
     q = get_queue(queue)
     args = settle_digest("release", message)
 
+    relaxed = db.relaxed_commit(db.connection())
+
     def apply():
         conn = db.connection()
+        if relaxed:
+            db.relax_commit(conn)
         lease = _locked_lease(conn, q.id, receipt, "release", args)
         if isinstance(lease, SettleResult):
             return lease
@@ -518,8 +535,12 @@ def extend(queue: str, receipt: str, *, visibility_ms: int) -> int:
     validation.visibility(visibility_ms)
     q = get_queue(queue)
 
+    relaxed = db.relaxed_commit(db.connection())
+
     def apply():
         conn = db.connection()
+        if relaxed:
+            db.relax_commit(conn)
         lease = _locked_lease(conn, q.id, receipt, "extend")
         deadline = lease["now"] + visibility_ms
         if lease["timeout_at"] is not None:
