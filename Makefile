@@ -7,6 +7,9 @@
 #   make test-slow   only the tests marked `slow`, on SQLite and PostgreSQL (Django 5.2;
 #                    SLOW_LEGS="dj6-sqlite ..." picks other legs)
 #   make venvs       create/update .venv, .venv-dj52 and .venv-dj6 without running anything
+#   make bench       benchmark suite on PostgreSQL + SQLite (docs/performance.md);
+#                    BENCH_ARGS="--with-anchors" adds the other Django queues
+#   make bench-quick the same in quick mode (< 3 min; a smoke test, not results)
 #   make clean       remove var/ (demo database, emails) and build leftovers
 #
 # Extra pytest arguments: make test PYTEST_ARGS="-x -k claim"
@@ -21,10 +24,10 @@ DJ6  := Django>=6.0,<6.2
 # Legs of the slow tier (any of dj52-sqlite dj52-postgres dj6-sqlite dj6-postgres).
 SLOW_LEGS ?= dj52-sqlite dj52-postgres
 
-.PHONY: help demo test test-quick test-slow venv venvs clean
+.PHONY: help demo test test-quick test-slow venv venvs clean bench bench-quick
 
 help:
-	@sed -n '3,12p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,15p' Makefile | sed 's/^# \{0,1\}//'
 
 venv:
 	@scripts/venv.sh .venv 3.11
@@ -44,6 +47,12 @@ test-quick: venv
 
 test-slow:
 	@FQ_MARKERS=slow FQ_ALLOW_EMPTY=1 scripts/test-matrix.sh $(SLOW_LEGS)
+
+bench: venv
+	.venv/bin/python bench/run.py $(BENCH_ARGS)
+
+bench-quick: venv
+	.venv/bin/python bench/run.py --quick $(BENCH_ARGS)
 
 clean:
 	rm -rf var build dist *.egg-info

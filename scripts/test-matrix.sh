@@ -48,9 +48,16 @@ for leg in "${legs[@]}"; do
     fi
     db="${leg#*-}"
     start=$SECONDS
+    # The fast tier runs on FQ_TEST_WORKERS pytest-xdist processes (default 2: the
+    # tests mostly wait on the database and on child processes); the slow tier
+    # runs serially, as its tests restart PostgreSQL or measure the machine.
+    workers="${FQ_TEST_WORKERS:-2}"
+    [ "$markers" = "slow" ] && workers=0
+    xdist=()
+    [ "$workers" != 0 ] && xdist=(-n "$workers")
     # shellcheck disable=SC2086  # PYTEST_ARGS is a word list on purpose
     FQ_TEST_DB="$db" FQ_TEST_PG_TEST_NAME="test_fq_${leg//-/_}" \
-        "$venv/bin/python" -m pytest -p no:cacheprovider -q ${markers:+-m "$markers"} \
+        "$venv/bin/python" -m pytest -p no:cacheprovider -q ${markers:+-m "$markers"} "${xdist[@]}" \
         --durations=5 --junitxml="$reports/$leg.xml" ${PYTEST_ARGS:-}
     rc=$?
     took=$((SECONDS - start))

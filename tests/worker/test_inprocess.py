@@ -103,8 +103,10 @@ def test_reaper_round_prunes_and_runs_due_periodic_jobs_and_survives_their_error
 def test_graceful_stop_releases_what_outlives_the_grace_and_tells_its_handler():
     told = {}
     release = threading.Event()
+    started = threading.Semaphore(0)
 
     def handler(job):
+        started.release()
         if job.payload.get("quick"):
             release.wait(5)
             return {"quick": True}
@@ -121,9 +123,8 @@ def test_graceful_stop_releases_what_outlives_the_grace_and_tells_its_handler():
     out = {}
     thread = threading.Thread(target=lambda: out.setdefault("stats", worker.run()))
     thread.start()
-    deadline = time.monotonic() + 10
-    while worker.running_count < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    # Both handlers are running (a claimed job that has not started yet would be given back at once).
+    assert started.acquire(timeout=10) and started.acquire(timeout=10)
     worker.request_stop("test")
     time.sleep(0.1)
     release.set()  # the quick job ends inside the grace period

@@ -1,0 +1,1 @@
+"""The benchmark's only app: a no-op handler for the queue ``bench``."""
