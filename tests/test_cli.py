@@ -739,3 +739,18 @@ def test_requeue_makes_a_scheduled_job_ready():
     assert ok("requeue", Q, made["id"])["state"] == "ready"
     claim_one()
     fails("requeue", Q, made["id"], code="invalid_state", field="job_id")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_missing_tables_give_a_one_line_error_with_a_hint():
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("ALTER TABLE django_fq_queue RENAME TO django_fq_queue_away")
+    try:
+        run = fq("enqueue", "q", "{}")
+        assert run.code == 1 and "Traceback" not in run.err
+        assert "database error" in run.err and "migrate" in run.err
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("ALTER TABLE django_fq_queue_away RENAME TO django_fq_queue")

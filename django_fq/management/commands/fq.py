@@ -23,6 +23,7 @@ import sys
 from dataclasses import asdict
 
 from django.core.management.base import BaseCommand
+from django.db import OperationalError, ProgrammingError
 
 from ... import services
 from ...exceptions import FqError, InvalidArgument, InvalidJson
@@ -204,6 +205,12 @@ class Command(BaseCommand):
             getattr(self, "do_" + op.replace("-", "_"))(options)
         except FqError as exc:
             self._fail(op, exc)
+        except (ProgrammingError, OperationalError) as exc:
+            # A missing table or an unreachable server is not a bug of the caller's
+            # input, but a traceback helps no one: say what is wrong and what to do.
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            hint = " (run `manage.py migrate`?)" if "django_fq_" in text else ""
+            self._fail(op, FqError(f"database error: {text}{hint}"))
 
     def _fail(self, op: str, exc: FqError):
         """Report ``exc`` on stderr and exit with status 1 (as ``makemigrations --check`` does)."""
