@@ -321,3 +321,16 @@ def test_job_context_repr_and_slots():
     assert repr(ctx) == f"JobContext(id='{'a' * 32}', queue='q', attempt=2/5)"
     with pytest.raises(AttributeError):
         ctx.receipt = "fq1.x"  # no place to keep one
+
+
+def test_a_broken_handler_setting_is_a_clear_error(tmp_path):
+    """A wrong FQ_HANDLERS path stops the worker with one line naming the setting, not a traceback."""
+    settings_file = tmp_path / "broken_handlers_settings.py"
+    settings_file.write_text("from tests.worker_settings import *\nFQ_HANDLERS = {'x.y': 'nowhere.at.all'}\n")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)]),
+           "DJANGO_SETTINGS_MODULE": "broken_handlers_settings"}
+    proc = subprocess.run([sys.executable, "-m", "django", "fq_worker", "--burst"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "cannot load the job handlers" in proc.stderr and "FQ_HANDLERS" in proc.stderr
+    assert "Traceback" not in proc.stderr

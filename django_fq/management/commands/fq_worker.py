@@ -120,7 +120,11 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         self._setup_logging(options["verbosity"])
         self._validate(options)
-        handlers.autodiscover()
+        try:
+            handlers.autodiscover()
+        except (ImportError, ValueError) as exc:
+            # A broken fq_handlers module, a wrong FQ_HANDLERS path, two handlers for one queue.
+            raise CommandError(f"cannot load the job handlers (fq_handlers modules, FQ_HANDLERS): {exc}") from exc
 
         if options["processes"] > 1 and not os.environ.get(SUPERVISOR_ENV):
             self._supervise(options)
