@@ -119,6 +119,19 @@ def retrying(fn, *args, attempts: int = 8, atomic: bool = True, **kwargs):
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def take_write_lock(conn, queue_name: str) -> None:
+    """SQLite inside a transaction begun elsewhere: start with a write, so the lock is taken now.
+
+    A DEFERRED transaction that reads first and writes later fails at once with
+    "database is locked" if another connection committed in between; a write
+    as the first statement waits for the lock (busy timeout) instead. Our own
+    transactions begin IMMEDIATE and need nothing.
+    """
+    if conn.vendor == "sqlite" and conn.in_atomic_block:
+        with conn.cursor() as cur:
+            cur.execute("UPDATE django_fq_queue SET name = name WHERE name = %s", [queue_name])
+
+
 def relaxed_commit(conn) -> bool:
     """True when a lease change django-fq commits itself may skip the WAL flush.
 

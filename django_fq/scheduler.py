@@ -195,7 +195,7 @@ def check_schedule(app_configs=None, **kwargs):
 
 def _problems(name, raw) -> list[tuple[str, str]]:
     """Every problem of one entry as ``(check id, message)``."""
-    if not isinstance(name, str) or not validation.QUEUE_NAME.match(name):
+    if not isinstance(name, str) or not validation.QUEUE_NAME.fullmatch(name):
         return [(E_ENTRY, "entry names are 1-200 characters from A-Z a-z 0-9 : . _ -")]
     if not isinstance(raw, Mapping):
         return [(E_ENTRY, "an entry must be a dict with at least 'cron' and 'queue'")]
@@ -207,7 +207,7 @@ def _problems(name, raw) -> list[tuple[str, str]]:
     if problem:
         out.append((E_CRON, problem))
     queue = raw.get("queue")
-    if not isinstance(queue, str) or not validation.QUEUE_NAME.match(queue):
+    if not isinstance(queue, str) or not validation.QUEUE_NAME.fullmatch(queue):
         out.append((E_QUEUE, f"queue {queue!r} is not a queue name (1-200 characters from A-Z a-z 0-9 : . _ -)"))
     zone = raw.get("timezone")
     if zone is not None and _zone_problem(zone):

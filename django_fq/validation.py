@@ -27,7 +27,7 @@ from .exceptions import (
     VisibilityOutOfRange,
 )
 
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9:._-]{1,200}$")
+QUEUE_NAME = re.compile(r"[A-Za-z0-9:._-]{1,200}")  # always used with fullmatch()
 
 SECOND_MS = 1000
 HOUR_MS = 3600 * SECOND_MS
@@ -54,7 +54,7 @@ MAX_ERROR_BYTES = 64 * 1024
 
 def queue_name(name: object) -> str:
     """Return ``name`` if it is a valid queue name (1–200 of ``[A-Za-z0-9:._-]``)."""
-    if not isinstance(name, str) or not QUEUE_NAME.match(name):
+    if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
         raise InvalidQueueName(field="queue")
     return name
 
@@ -113,7 +113,10 @@ def epoch_ms(value: object, field: str = "at") -> int:
                 raise InvalidTime(f"{field} must be timezone-aware (USE_TZ is on)", field=field)
             value = timezone.make_aware(value)
         delta = value - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-        return delta // dt.timedelta(milliseconds=1)
+        value = delta // dt.timedelta(milliseconds=1)
+        if value < 0:
+            raise InvalidTime(f"{field} must not be before 1970", field=field)
+        return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidTime(f"{field} must be epoch milliseconds or an aware datetime", field=field)
     if value < 0:

@@ -406,6 +406,7 @@ class _Running:
         "next_beat",
         "settling",
         "started",
+        "begun",
     )
 
     def __init__(self, claimed: ClaimedJob, visibility_ms: int, claim_start: float, claim_end: float, fraction: float):
@@ -422,6 +423,7 @@ class _Running:
         self.next_beat = claim_start + visibility_ms / 1000 * fraction
         self.settling = False
         self.started = time.monotonic()
+        self.begun = False  # a runner thread took it (guarded by Worker._lock)
 
     def local_time_of(self, db_ms: int) -> float:
         """Earliest local monotonic time at which the database clock can read ``db_ms``.
@@ -872,7 +874,10 @@ class Worker:
                 try:
                     if running.state.lost.is_set():
                         continue  # released at shutdown before it started
-                    if self._stopping:
+                    with self._lock:
+                        start = not self._stopping and not running.settling
+                        running.begun = start
+                    if not start:
                         # Claimed ahead (prefetch) and not started: a stopping worker
                         # starts nothing new, it gives the job back at once.
                         if self._take(running):
@@ -1300,6 +1305,18 @@ class Worker:
 
     def _finish(self) -> None:
         """Let running jobs finish within the grace period, release the rest, stop the helper threads."""
+        # Jobs claimed ahead that no runner thread has started: give them back now,
+        # not after the running ones finish (another worker can take them at once).
+        with self._lock:
+            waiting = [r for r in self._running.values() if not r.begun and not r.settling]
+            for running in waiting:
+                running.settling = True
+        for running in waiting:
+            self._release(running, "shutdown")
+        if waiting:
+            with self._lock:
+                for seq in [k for k, r in self._running.items() if r in waiting]:
+                    self._running.pop(seq, None)
         if self.running_count:
             give_up = (self._stop_requested_at or time.monotonic()) + self.grace_s
             emit(logging.INFO, "worker.draining", worker=self.worker_id, running=self.running_count, grace_s=max(0.0, give_up - time.monotonic()))
@@ -1465,14 +1482,26 @@ def _first_line(text: str) -> str:
     return line if len(line) <= _LOG_MESSAGE_CHARS else line[: _LOG_MESSAGE_CHARS - 1] + "…"
 
 
+def _text_of(exc: BaseException) -> str:
+    """``str(exc)``, or a placeholder when the exception cannot even describe itself."""
+    try:
+        return str(exc)
+    except BaseException:  # noqa: BLE001 - a broken __str__ must not lose the failure
+        return "<exception message could not be rendered>"
+
+
 def _summary(exc: BaseException) -> str:
     """``Type: first line of the message`` for a log line."""
-    message = _first_line(str(exc))
+    message = _first_line(_text_of(exc))
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def _error_text(exc: BaseException) -> str:
     """What a failed run stores: ``Type: message``, then the full traceback."""
-    message = str(exc)
+    message = _text_of(exc)
     head = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-    return head + "\n\n" + "".join(traceback.format_exception(exc))
+    try:
+        trace = "".join(traceback.format_exception(exc))
+    except BaseException:  # noqa: BLE001
+        trace = "".join(traceback.format_tb(exc.__traceback__))
+    return head + "\n\n" + trace

@@ -13,6 +13,8 @@ import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from django.db import IntegrityError
+
 from .. import conf, db, validation
 from ..exceptions import InvalidArgument, InvalidTime, QueueFull
 from ..types import EnqueueResult
@@ -101,7 +103,7 @@ def enqueue(
             "timeout_ms": timeout_ms,
         }
     )
-    return db.retrying(_write_batch, queue, [item], batch=False)[0]
+    return _write(queue, [item], batch=False)[0]
 
 
 def enqueue_many(queue: str, items: Iterable[Mapping]) -> list[EnqueueResult]:
@@ -119,7 +121,22 @@ def enqueue_many(queue: str, items: Iterable[Mapping]) -> list[EnqueueResult]:
     parsed = [_parse_item(i, raw) for i, raw in enumerate(items)]
     if not parsed:
         return []
-    return db.retrying(_write_batch, queue, parsed, batch=True)
+    return _write(queue, parsed, batch=True)
+
+
+def _write(queue: str, items: list[_Item], *, batch: bool) -> list[EnqueueResult]:
+    """Write a batch; if the queue was deleted under it (a foreign-key error at commit), write it again.
+
+    The second attempt re-creates the queue, as any enqueue into a missing queue does.
+    Inside the caller's transaction the error is theirs to handle.
+    """
+    owned = not db.connection().in_atomic_block
+    try:
+        return db.retrying(_write_batch, queue, items, batch=batch)
+    except IntegrityError as exc:
+        if not owned or "foreign key" not in str(exc).lower():
+            raise
+        return db.retrying(_write_batch, queue, items, batch=batch)
 
 
 def _parse_item(index: int, raw) -> _Item:
@@ -170,6 +187,7 @@ def parse_options(raw: Mapping) -> _Item:
 
 def _write_batch(queue: str, items: list[_Item], *, batch: bool) -> list[EnqueueResult]:
     conn = db.connection()
+    db.take_write_lock(conn, queue)
     q = get_or_create_queue(queue)
     pol = policy_of(q)
     now = db.now_sql(conn)
@@ -218,6 +236,7 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool) -> list[Enqueue
 
     if new:
         _check_capacity(conn, q.id, len(new))
+        _lock_keys(conn, q.id, {items[i].unique_key for i in new})
         created = _insert_jobs(conn, now, q.id, pol, items, uids, new)
         for i in new:
             if uids[i] in created:
@@ -232,6 +251,9 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool) -> list[Enqueue
             results[i] = EnqueueResult(target, False)
             if items[i].token is not None:
                 token_fixups[items[i].token] = target
+            for token, uid in token_fixups.items():  # followers' tokens pointed at the loser
+                if uid == uids[i]:
+                    token_fixups[token] = target
             for j, it in enumerate(items):  # later items that followed this one
                 if j != i and results[j].id == uids[i]:
                     results[j] = EnqueueResult(target, False)
@@ -311,6 +333,23 @@ def _active_keys(conn, queue_id: int, keys: set) -> dict[str, str]:
             [queue_id, *keys],
         )
         return dict(cur.fetchall())
+
+
+def _lock_keys(conn, queue_id: int, keys: set) -> None:
+    """PostgreSQL: take the unique keys' transaction locks in sorted order before inserting.
+
+    Jobs are inserted in input order (their enqueue order), so two batches
+    holding the same keys in opposite orders would wait on each other's
+    index entries; locking the keys first, sorted, makes them queue up instead.
+    """
+    keys = sorted(k for k in keys if k is not None)
+    if len(keys) < 2 or conn.vendor != "postgresql":
+        return
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT pg_advisory_xact_lock(%s, hashtext(k)) FROM unnest(%s::text[]) AS k ORDER BY k",
+            [queue_id, keys],
+        )
 
 
 def _check_capacity(conn, queue_id: int, adding: int) -> None:

@@ -213,11 +213,15 @@ def _claim_once(queue_id: int, queue: str, count: int, vis: int, worker: str, re
         returning = "seq, uid, payload, generation, attempts, max_attempts, priority, enqueued_at, run_at, timeout_ms, claimed_at"
         if db.is_postgres(conn):
             if concurrency > 0:
-                cur.execute(f"SELECT id FROM {QUEUE} WHERE id = %s FOR UPDATE", [queue_id])
-                cur.execute(f"SELECT COUNT(*) FROM {LEASE} WHERE queue_id = %s", [queue_id])
-                count = min(count, concurrency - cur.fetchone()[0])
-                if count <= 0:
-                    return []
+                # Re-read the limit under the lock: a configure() that committed
+                # meanwhile must not be overruled by the value read above.
+                cur.execute(f"SELECT concurrency FROM {QUEUE} WHERE id = %s FOR UPDATE", [queue_id])
+                concurrency = cur.fetchone()[0]
+                if concurrency > 0:  # 0 now means unlimited
+                    cur.execute(f"SELECT COUNT(*) FROM {LEASE} WHERE queue_id = %s", [queue_id])
+                    count = min(count, concurrency - cur.fetchone()[0])
+                    if count <= 0:
+                        return []
             picked = list(
                 manager(Job)
                 .filter(queue_id=queue_id, state="queued", run_at__lte=db.DbNow())
@@ -368,7 +372,7 @@ def _ack(queue: str, items: list[tuple[str, str | None, str]]) -> list:
         ]
 
     if db.is_postgres():
-        return db.retrying(apply_pg)
+        return _replay_repeats(items, db.retrying(apply_pg))
 
     def apply():
         conn = db.connection()
@@ -396,7 +400,19 @@ def _ack(queue: str, items: list[tuple[str, str | None, str]]) -> list:
             SettleResult(id=lease["uid"], state="succeeded") if isinstance(lease, dict) else lease for lease in found
         ]
 
-    return db.retrying(apply)
+    return _replay_repeats(items, db.retrying(apply))
+
+
+def _replay_repeats(items: list[tuple[str, str | None, str]], results: list) -> list:
+    """An exact repeat of an ack earlier in the same batch is a replay of it, as in a later call."""
+    first: dict[tuple[str, str], int] = {}
+    for i, (receipt, _, args) in enumerate(items):
+        if not isinstance(receipt, str):
+            continue  # not a receipt at all: its InvalidReceipt stands
+        j = first.setdefault((receipt, args), i)
+        if j != i and isinstance(results[j], SettleResult) and type(results[i]) is InvalidReceipt:
+            results[i] = SettleResult(id=results[j].id, state=results[j].state, run_at=results[j].run_at, replay=True)
+    return results
 
 
 _ACKED_JSON = '{"state":"succeeded","run_at":null}'

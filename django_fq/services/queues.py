@@ -100,7 +100,9 @@ def delete_queue(queue: str) -> None:
         conn = db.connection()
         q = get_queue(queue)
         with conn.cursor() as cur:
-            for table in (LEASE, TOKEN, COUNTER, JOB):
+            # Jobs first: a claim in flight holds some job rows, so this waits for it to
+            # commit, and the leases it wrote are then seen (and deleted) by the next statement.
+            for table in (JOB, LEASE, TOKEN, COUNTER):
                 cur.execute(f"DELETE FROM {table} WHERE queue_id = %s", [q.id])
             cur.execute(f"DELETE FROM {QUEUE} WHERE id = %s", [q.id])
 
