@@ -455,6 +455,30 @@ def _drop_connection() -> None:
         pass
 
 
+def _abandon_open_transactions() -> bool:
+    """Roll back and drop this thread's connections still inside an ``atomic()`` block; True if any.
+
+    Called after a handler returns: nothing the worker does is inside a
+    transaction at that point, so an open block is one the handler entered and
+    never left. Keeping it would make the next job on this thread write into it.
+    """
+    found = False
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            continue
+        found = True
+        conn.in_atomic_block = False
+        conn.atomic_blocks.clear()
+        conn.savepoint_ids.clear()
+        conn.needs_rollback = False
+        conn.commit_on_exit = True
+        try:
+            conn.close()  # ends the server-side transaction without committing it
+        except Exception:  # noqa: BLE001
+            conn.connection = None
+    return found
+
+
 def _tidy_connections() -> None:
     """Between two jobs: close this thread's connections that are broken, left in a bad state, or too old.
 
@@ -884,6 +908,11 @@ class Worker:
                             self._release(running, "shutdown")
                         continue
                     outcome = self.execute(running)
+                    if _abandon_open_transactions():
+                        # The handler left a transaction open: its writes are rolled back,
+                        # so the run cannot count as a success.
+                        error = "the handler left a database transaction open; it was rolled back"
+                        outcome = Outcome("failed", error=error, summary=error, elapsed_ms=outcome.elapsed_ms)
                     handed_over = self._queue_ack(seq, running, outcome)
                     if not handed_over:
                         self.settle(running, outcome)

@@ -37,7 +37,6 @@ def wait_until(predicate, timeout: float) -> bool:
 # --- bugs ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="known bug (0.1.0): a handler that leaves an atomic() block open keeps it open for the next job on that runner thread; the worker must roll it back and fail the job")
 def test_handler_that_leaves_a_transaction_open_does_not_cost_later_jobs_their_writes():
     """Job A's handler enters transaction.atomic() and never leaves it; job B then runs on the same thread.
 
