@@ -9,7 +9,6 @@ from django.urls import path
 
 from . import views
 from .schema import SchemaView
-from .schema import SchemaView
 
 app_name = "fq_api"
 

@@ -14,7 +14,7 @@ from .. import db, validation
 from ..exceptions import InvalidArgument, InvalidCursor, InvalidState, JobNotFound, WaitTimeout
 from ..models import Job, Lease
 from ..types import STATE_NAMES, TIMING_NAMES, TOTAL_NAMES, JobInfo, JobPage, JobState, QueueStats
-from ._base import add_counters, counter_sums, append_history, get_queue, history_entry, load_json, manager
+from ._base import add_counters, counter_sums, append_history, get_queue, history_entry, manager
 from .queues import counts
 
 FINAL_STATES = frozenset({"succeeded", "dead", "cancelled"})
