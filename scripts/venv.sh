@@ -5,15 +5,18 @@
 #   scripts/venv.sh .venv-dj6 3.12 "Django>=6.0,<6.2"
 #
 # Installs the project editable with its dev extras (`pip install -e ".[dev]"`)
-# plus the extra requirements. A stamp file DIR/.fq-stamp holds a hash of
-# pyproject.toml, the interpreter version and the extras; when it matches,
-# nothing is installed again, so repeated `make test` runs start at once.
+# plus the extra requirements. FQ_VENV_EXTRAS picks other extras instead of
+# "dev" (`FQ_VENV_EXTRAS=lint,docs scripts/venv.sh .venv-tools 3.12`).
+# A stamp file DIR/.fq-stamp holds a hash of pyproject.toml, the interpreter
+# version and the extras; when it matches, nothing is installed again, so
+# repeated `make test` runs start at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 dir="${1:?usage: venv.sh DIR PYTHON_VERSION [REQUIREMENT...]}"
 pyver="${2:?usage: venv.sh DIR PYTHON_VERSION [REQUIREMENT...]}"
 shift 2
+extras="${FQ_VENV_EXTRAS:-dev}"
 
 if [ ! -x "$dir/bin/python" ] || ! "$dir/bin/python" -c "import sys" >/dev/null 2>&1; then
     base="$(scripts/find-python.sh "$pyver")"
@@ -28,12 +31,12 @@ if [ "$have" != "$pyver" ]; then
     exit 1
 fi
 
-stamp="$( { cat pyproject.toml; echo "python=$have"; printf 'req=%s\n' "$@"; } | sha256sum | cut -d' ' -f1)"
+stamp="$( { cat pyproject.toml; echo "python=$have"; echo "extras=$extras"; printf 'req=%s\n' "$@"; } | sha256sum | cut -d' ' -f1)"
 if [ -f "$dir/.fq-stamp" ] && [ "$(cat "$dir/.fq-stamp")" = "$stamp" ]; then
     exit 0
 fi
 
-echo ">> installing django-fq[dev] $* into $dir"
-"$dir/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[dev]" "$@"
+echo ">> installing django-fq[$extras] $* into $dir"
+"$dir/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extras]" "$@"
 "$dir/bin/python" -c 'import django, sys; print(f">> {sys.argv[1]}: Python {sys.version.split()[0]}, Django {django.get_version()}")' "$dir"
 echo "$stamp" > "$dir/.fq-stamp"
