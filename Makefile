@@ -10,6 +10,11 @@
 #   make bench       benchmark suite on PostgreSQL + SQLite (docs/performance.md);
 #                    BENCH_ARGS="--with-anchors" adds the other Django queues
 #   make bench-quick the same in quick mode (< 3 min; a smoke test, not results)
+#   make lint        ruff check and mypy (django-stubs) on django_fq, in .venv-tools
+#   make docs        build the documentation site into site/ (mkdocs build --strict)
+#   make docs-serve  the documentation site with live reload on DOCS_ADDR (127.0.0.1:8001)
+#   make package-check  build sdist + wheel, twine check, install the wheel in a
+#                    fresh venv and run a job with it (scripts/package-check.sh)
 #   make clean       remove var/ (demo database, emails) and build leftovers
 #
 # Extra pytest arguments: make test PYTEST_ARGS="-x -k claim"
@@ -23,11 +28,16 @@ DJ52 := Django>=5.2,<5.3
 DJ6  := Django>=6.0,<6.2
 # Legs of the slow tier (any of dj52-sqlite dj52-postgres dj6-sqlite dj6-postgres).
 SLOW_LEGS ?= dj52-sqlite dj52-postgres
+# .venv-tools: ruff, mypy, mkdocs, build and twine (Python 3.12, Django 6.x),
+# kept apart from the test venvs.
+TOOLS_EXTRAS := lint,docs,package,postgres,tasks
+DOCS_ADDR ?= 127.0.0.1:8001
 
-.PHONY: help demo test test-quick test-slow venv venvs clean bench bench-quick
+.PHONY: help demo test test-quick test-slow venv venvs clean bench bench-quick \
+	tools-venv lint docs docs-serve package-check
 
 help:
-	@sed -n '3,15p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,21p' Makefile | sed 's/^# \{0,1\}//'
 
 venv:
 	@scripts/venv.sh .venv 3.11
@@ -54,5 +64,24 @@ bench: venv
 bench-quick: venv
 	.venv/bin/python bench/run.py --quick $(BENCH_ARGS)
 
+tools-venv:
+	@FQ_VENV_EXTRAS=$(TOOLS_EXTRAS) scripts/venv.sh .venv-tools 3.12 "$(DJ6)"
+
+# Both tools run even when the first one fails.
+lint: tools-venv
+	@rc=0; \
+	echo ">> ruff check"; .venv-tools/bin/ruff check . || rc=1; \
+	echo ">> mypy django_fq"; .venv-tools/bin/mypy django_fq || rc=1; \
+	exit $$rc
+
+docs: tools-venv
+	.venv-tools/bin/mkdocs build --strict --site-dir site
+
+docs-serve: tools-venv
+	.venv-tools/bin/mkdocs serve --dev-addr $(DOCS_ADDR)
+
+package-check: tools-venv
+	@PYTHON=.venv-tools/bin/python scripts/package-check.sh
+
 clean:
-	rm -rf var build dist *.egg-info
+	rm -rf var build dist site *.egg-info
