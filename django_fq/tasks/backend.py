@@ -242,7 +242,7 @@ class FqBackend(tasks.BaseTaskBackend):
                 raise tasks.InvalidTask(f"{task.module_path}: {problem}")
 
     def options_for(self, task) -> dict:
-        """The task's effective fq options: backend OPTIONS < OPTIONS["tasks"][path] < the task's own."""
+        """The task's effective fq options: backend OPTIONS < ``OPTIONS["tasks"][path]`` < the task's own."""
         merged = dict(self.default_options)
         merged.update(self.task_options.get(task.module_path, {}))
         for name in TASK_OPTIONS:
