@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import sys
 from dataclasses import asdict
@@ -25,7 +26,7 @@ from dataclasses import asdict
 from django.core.management.base import BaseCommand
 from django.db import OperationalError, ProgrammingError
 
-from ... import services
+from ... import health, services
 from ...exceptions import FqError, InvalidArgument, InvalidJson
 from ...types import STATE_NAMES, TOTAL_NAMES
 from ...validation import parse_json
@@ -58,6 +59,9 @@ OPTION_OF_FIELD = {
     "cursor": "--cursor",
     "retention_ms": "--retention",
     "limit": "--limit",
+    "stuck_lease_ms": "--stuck-lease-ms",
+    "max_dead": "--max-dead",
+    "max_ready_age_ms": "--max-ready-age-ms",
 }
 
 #: ``config`` options → policy field names.
@@ -179,6 +183,26 @@ class Command(BaseCommand):
         p.add_argument("--retention", dest="retention_ms", type=int, metavar="MS", help="default: FQ_FINISHED_RETENTION_MS (7 days)")
         p.add_argument("--limit", type=int, default=100_000, metavar="N", help="rows of each kind deleted at most (default 100000)")
 
+        p = op(
+            "health",
+            "Check the queues for monitoring; exit 0 ok, 1 warning, 2 critical, 3 unknown (bad arguments, "
+            "unknown queue, database unreachable). Stuck leases (past their deadline by more than "
+            "--stuck-lease-ms and not reaped: no reaper runs) and a ready job older than --max-ready-age-ms "
+            "are critical; more than --max-dead dead jobs is a warning.",
+        )
+        queue(p, optional=True)
+        p.add_argument(
+            "--stuck-lease-ms", dest="stuck_lease_ms", type=int, default=health.DEFAULT_STUCK_LEASE_MS, metavar="MS",
+            help=f"a lease this long past its deadline is stuck (0 - 30 days, default {health.DEFAULT_STUCK_LEASE_MS})",
+        )  # fmt: skip
+        p.add_argument("--max-dead", dest="max_dead", type=int, metavar="N", help="warn when a queue has more dead jobs than this (default: not checked)")
+        p.add_argument(
+            "--max-ready-age-ms", dest="max_ready_age_ms", type=int, metavar="MS",
+            help="critical when a job has been ready (not claimed) for longer than this (0 - 30 days; default: not checked)",
+        )  # fmt: skip
+        # A monitoring system reads exit 2 as "critical": a usage error must be "unknown" (3) instead.
+        p.error = functools.partial(_health_usage_error, p)
+
     @staticmethod
     def _receipt(p):
         p.add_argument("queue", metavar="QUEUE", help="queue name")
@@ -201,6 +225,7 @@ class Command(BaseCommand):
         self.as_json = options.get("as_json", False)
         self.stdin = options.get("stdin") or sys.stdin
         op = options["op"]
+        self.fail_status = health.UNKNOWN_EXIT if op == "health" else 1
         try:
             getattr(self, "do_" + op.replace("-", "_"))(options)
         except FqError as exc:
@@ -213,14 +238,14 @@ class Command(BaseCommand):
             self._fail(op, FqError(f"database error: {text}{hint}"))
 
     def _fail(self, op: str, exc: FqError):
-        """Report ``exc`` on stderr and exit with status 1 (as ``makemigrations --check`` does)."""
+        """Report ``exc`` on stderr and exit with status 1 (as ``makemigrations --check`` does; 3 for ``health``)."""
         if self.as_json:
             self.stderr.write(json.dumps(exc.as_dict(), default=str), style_func=lambda s: s)
         else:
             where = OPTION_OF_FIELD.get(exc.field or "", exc.field)
             hint = f" ({where})" if where else ""
             self.stderr.write(f"fq {op}: error: {exc.message}{hint}")
-        sys.exit(1)
+        sys.exit(getattr(self, "fail_status", 1))
 
     def _emit(self, data, human) -> None:
         """Print ``data`` as JSON with --json, else the human form ``human(data)`` (a str)."""
@@ -429,8 +454,41 @@ class Command(BaseCommand):
         res = services.prune(retention_ms=o["retention_ms"], limit=o["limit"])
         self._emit(asdict(res), lambda d: f"pruned {d['jobs']} job(s), {d['tokens']} token(s)")
 
+    def do_health(self, o):
+        report = health.check(
+            o["queue"], stuck_lease_ms=o["stuck_lease_ms"], max_dead=o["max_dead"], max_ready_age_ms=o["max_ready_age_ms"]
+        )
+        data = asdict(report)
+
+        def human(d):
+            # First line in the style of a monitoring plugin; then the problems and one row per queue.
+            worst = [p for p in d["problems"] if p["status"] == d["status"]]
+            if not d["problems"]:
+                lines = [f"OK: {len(d['queues'])} queue(s) checked, no problem"]
+            else:
+                lines = [f"{d['status'].upper()}: " + "; ".join(f"{p['queue']}: {p['message']}" for p in worst)]
+                lines += [f"{p['status'].upper()}: {p['queue']}: {p['message']}" for p in d["problems"] if p not in worst]
+            if d["queues"]:
+                head = ["QUEUE", "STUCK_LEASES", "DEAD", "OLDEST_READY_MS"]
+                body = [
+                    [q["queue"], q["stuck_leases"], q["dead"], "-" if q["oldest_ready_age_ms"] is None else q["oldest_ready_age_ms"]]
+                    for q in d["queues"]
+                ]  # fmt: skip
+                lines.append(_table(head, body))
+            return "\n".join(lines)
+
+        self._emit(data, human)
+        if report.exit_code:
+            sys.exit(report.exit_code)
+
 
 # --- helpers --------------------------------------------------------------------------------
+
+
+def _health_usage_error(parser, message: str):
+    """Usage error of ``fq health``: the usage and the message on stderr, exit 3 (unknown)."""
+    parser.print_usage(sys.stderr)
+    parser.exit(health.UNKNOWN_EXIT, f"{parser.prog}: error: {message}\n")
 
 
 def _envelopes(text: str) -> list:
