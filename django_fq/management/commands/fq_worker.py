@@ -116,6 +116,19 @@ class Command(BaseCommand):
         parser.add_argument("--max-jobs", type=int, metavar="N", help="Stop after N jobs (per process).")
         parser.add_argument("--worker-id", metavar="ID", help="Worker id recorded on leases (default host:pid:random).")
         parser.add_argument("--no-progress", action="store_true", help="No progress bar with --burst, even on a terminal.")
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            metavar="PORT",
+            help="Serve this process's Prometheus metrics over HTTP on this port (0: any free port, logged). "
+            "With --processes P, worker i listens on PORT+i. Needs prometheus-client (django-fq[metrics]).",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            default="127.0.0.1",
+            metavar="ADDR",
+            help="Address the metrics server listens on. Default 127.0.0.1 (this host only).",
+        )
 
     def handle(self, *args, **options) -> None:
         self._setup_logging(options["verbosity"])
@@ -134,8 +147,11 @@ class Command(BaseCommand):
         worker_id = options["worker_id"]
         if worker_id and supervisor and os.environ.get("FQ_WORKER_INDEX"):
             worker_id = f"{worker_id}-{os.environ['FQ_WORKER_INDEX']}"
+        worker_class = Worker
+        if options["metrics_port"] is not None:
+            worker_class = self._metrics_worker_class()
         try:
-            worker = Worker(
+            worker = worker_class(
                 options["queues"],
                 concurrency=options["concurrency"],
                 prefetch=options["prefetch"],
@@ -155,6 +171,9 @@ class Command(BaseCommand):
         except WorkerConfigError as exc:
             raise CommandError(str(exc))
 
+        server = None
+        if options["metrics_port"] is not None:
+            server = self._serve_metrics(options)
         progress = None
         if options["burst"] and not options["no_progress"] and _isatty(sys.stderr):
             progress = _DrainProgress(worker)
@@ -166,6 +185,10 @@ class Command(BaseCommand):
                 stats = worker.run()
         except DatabaseError as exc:  # only a --burst run gives up on the database
             raise CommandError(f"database unavailable: {exc}")
+        finally:
+            if server is not None:
+                server.shutdown()
+                server.server_close()
         if options["burst"] or options["max_jobs"] is not None:
             line = f"fq_worker: {stats.ok} jobs ok, {stats.failed} failed"
             if stats.settle_errors:
@@ -204,6 +227,36 @@ class Command(BaseCommand):
             raise CommandError(f"--processes must be between 1 and {MAX_PROCESSES}")
         if not 0 <= options["grace"] <= 86_400:
             raise CommandError("--grace must be between 0 and 86400 seconds")
+        port = options["metrics_port"]
+        if port is not None:
+            last = port + (options["processes"] - 1 if port else 0)
+            if port < 0 or last > 65535:
+                raise CommandError("--metrics-port must be between 0 and 65535 (with --processes P, PORT+P-1 at most 65535)")
+            self._metrics_worker_class()  # fail now, not in every child, when prometheus-client is missing
+
+    @staticmethod
+    def _metrics_worker_class():
+        try:
+            from django_fq.metrics.worker import MetricsWorker
+        except ImportError as exc:
+            raise CommandError(
+                f"--metrics-port needs the prometheus-client package (pip install 'django-fq[metrics]'): {exc}"
+            ) from exc
+        return MetricsWorker
+
+    def _serve_metrics(self, options: dict):
+        """Start the metrics HTTP server of this process; a port that cannot be bound is a one-line error."""
+        from django_fq.metrics.worker import serve
+
+        port, addr = options["metrics_port"], options["metrics_addr"]
+        index = os.environ.get("FQ_WORKER_INDEX") if os.environ.get(SUPERVISOR_ENV) else None
+        if port and index:
+            port += int(index)
+        try:
+            return serve(port, addr)
+        except (OSError, ValueError) as exc:  # address in use, not an address of this host, ...
+            reason = getattr(exc, "strerror", None) or str(exc)
+            raise CommandError(f"--metrics-port: cannot listen on {addr}:{port}: {reason}") from None
 
     def _supervise(self, options: dict) -> None:
         """Run ``--processes`` copies of this command (each with ``--processes 1``) under a :class:`Supervisor`."""
@@ -266,6 +319,8 @@ def _child_args(options: dict) -> list[str]:
         args.append(f"--max-jobs={options['max_jobs']}")
     if options["worker_id"]:
         args.append(f"--worker-id={options['worker_id']}")
+    if options["metrics_port"] is not None:
+        args += [f"--metrics-port={options['metrics_port']}", f"--metrics-addr={options['metrics_addr']}"]
     return args
 
 

@@ -1,0 +1,178 @@
+"""Metrics of one worker process, served by ``fq_worker --metrics-port`` (needs ``prometheus-client``).
+
+:class:`MetricsWorker` is the :class:`django_fq.worker.Worker` with its public
+steps (``run``, ``claim_into``, ``execute``) wrapped to record what this
+process does. The metrics live in prometheus-client's default registry, so
+the worker's HTTP endpoint also shows the client's process metrics
+(``process_*``, ``python_*``) and any metric your handlers register there.
+
+Each process counts only its own work and starts at zero: add them up in
+Prometheus (``sum by (queue) (rate(fq_worker_jobs_total[5m]))``). The numbers
+of a whole queue, right across every process, come from the database through
+the exporter view (``fq_queue_*``, :mod:`django_fq.metrics.views`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
+from ..worker import Outcome, Worker, emit
+
+#: Histogram buckets (seconds) of wait and run times: 5 ms to an hour.
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+
+JOBS = Counter(
+    "fq_worker_jobs",
+    "Handler runs of this process by how the handler ended: ok (returned), failed (raised), "
+    "permanent (raised PermanentFailure), lost (raised LeaseLost).",
+    ["queue", "outcome"],
+)
+CLAIMED = Counter("fq_worker_claimed", "Jobs this process claimed.", ["queue"])
+WAIT = Histogram(
+    "fq_worker_wait_seconds",
+    "Time from enqueue to the first claim of a job (database clock; includes a delay_ms/at the job was enqueued with).",
+    ["queue"],
+    buckets=BUCKETS,
+)
+RUN = Histogram("fq_worker_run_seconds", "Run time of the handler, whatever its outcome.", ["queue"], buckets=BUCKETS)
+BUSY = Gauge("fq_worker_threads_busy", "Runner threads of this process running a handler now.")
+
+_lock = threading.Lock()
+_current: MetricsWorker | None = None
+_installed = False
+
+
+class MetricsWorker(Worker):
+    """A :class:`~django_fq.worker.Worker` that records the ``fq_worker_*`` metrics of its process.
+
+    Takes the same arguments as :class:`~django_fq.worker.Worker`. Only one
+    is reported at a time: the one whose :meth:`run` started last.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.serving = False
+        self.last_heartbeat: float | None = None  # wall-clock seconds (time.time())
+        install()
+
+    def run(self):
+        """Serve as :meth:`Worker.run` does, marked up (``fq_worker_up`` 1) meanwhile."""
+        global _current
+        with _lock:
+            _current = self
+        self.serving = True
+        self.last_heartbeat = time.time()
+        try:
+            return super().run()
+        finally:
+            self.serving = False
+
+    def claim_into(self, queue: str, count: int) -> int:
+        """Claim as :meth:`Worker.claim_into` does; count the jobs and beat the heartbeat (the database answered)."""
+        got = super().claim_into(queue, count)
+        self.last_heartbeat = time.time()
+        if got:
+            CLAIMED.labels(queue).inc(got)
+        return got
+
+    def execute(self, running) -> Outcome:
+        """Run the handler as :meth:`Worker.execute` does, timing it and counting its outcome."""
+        claimed = running.claimed
+        if claimed.attempts == 1:
+            WAIT.labels(claimed.queue).observe(max(0, claimed.claimed_at - claimed.enqueued_at) / 1000)
+        BUSY.inc()
+        try:
+            outcome = super().execute(running)
+        finally:
+            BUSY.dec()
+        RUN.labels(claimed.queue).observe(outcome.elapsed_ms / 1000)
+        JOBS.labels(claimed.queue, outcome.kind).inc()
+        self.last_heartbeat = time.time()
+        return outcome
+
+
+class WorkerCollector:
+    """The per-process gauges read from the current :class:`MetricsWorker` at scrape time."""
+
+    NAMES = (
+        "fq_worker_up",
+        "fq_worker_info",
+        "fq_worker_threads",
+        "fq_worker_jobs_in_hand",
+        "fq_worker_last_heartbeat_timestamp_seconds",
+        "fq_worker_settles_total",
+    )
+
+    def describe(self):
+        """The families this collector yields (so the registry reserves their names)."""
+        for name in self.NAMES:
+            yield GaugeMetricFamily(name, "")
+
+    def collect(self):
+        worker = _current
+        up = GaugeMetricFamily("fq_worker_up", "1 while this process's worker serves its queues, 0 before and after.")
+        up.add_metric([], 1 if worker is not None and worker.serving else 0)
+        yield up
+        if worker is None:
+            return
+        info = InfoMetricFamily("fq_worker", "The worker of this process.")
+        info.add_metric([], {"worker": worker.worker_id, "queues": ",".join(worker.queues)})
+        yield info
+        threads = GaugeMetricFamily("fq_worker_threads", "Runner threads of this process (--concurrency).")
+        threads.add_metric([], worker.concurrency)
+        yield threads
+        in_hand = GaugeMetricFamily(
+            "fq_worker_jobs_in_hand", "Jobs this process holds a lease on: running, or claimed ahead (--prefetch)."
+        )
+        in_hand.add_metric([], worker.running_count)
+        yield in_hand
+        beat = GaugeMetricFamily(
+            "fq_worker_last_heartbeat_timestamp_seconds",
+            "Unix time of this worker's last sign of progress: a claim call the database answered, or a handler that ended.",
+        )
+        beat.add_metric([], worker.last_heartbeat or 0)
+        yield beat
+        stats = worker.stats
+        settled = CounterMetricFamily(
+            "fq_worker_settles",
+            "How this process settled its jobs: acked, nacked, not_settled (the lease was gone or the job "
+            "cancelled when the handler ended), released (given back at shutdown).",
+            labels=["result"],
+        )
+        for result, value in (
+            ("acked", stats.ok),
+            ("nacked", stats.failed),
+            ("not_settled", stats.settle_errors),
+            ("released", stats.released),
+        ):
+            settled.add_metric([result], value)
+        yield settled
+
+
+def install() -> None:
+    """Register :class:`WorkerCollector` in the default registry (once per process)."""
+    global _installed
+    with _lock:
+        if not _installed:
+            REGISTRY.register(WorkerCollector())
+            _installed = True
+
+
+def serve(port: int, addr: str = "127.0.0.1"):
+    """Serve the default registry over HTTP on ``addr:port`` from a daemon thread; return the server.
+
+    ``port`` 0 picks a free port (read it from ``server.server_port``). The
+    address is logged as the ``worker.metrics`` event. Raises ``OSError``
+    when the address cannot be bound.
+    """
+    from prometheus_client import start_http_server
+
+    install()
+    server, _thread = start_http_server(port, addr=addr)
+    emit(logging.INFO, "worker.metrics", addr=addr, port=server.server_port, path="/metrics")
+    return server
