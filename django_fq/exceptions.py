@@ -105,6 +105,22 @@ class InvalidCursor(InvalidArgument):
     code = "invalid_cursor"
 
 
+class InvalidBackup(InvalidArgument):
+    """The backup file cannot be imported.
+
+    ``line`` (1-based, also in ``as_dict()``) is the offending line; ``field``
+    the key of that line to blame (``"priority"``, ``"policy.max_attempts"``),
+    when one is.
+    """
+
+    code = "invalid_backup"
+
+    def __init__(self, problem: str, *, line: int, field: str | None = None):
+        where = f'line {line}: field "{field}": ' if field else f"line {line}: "
+        super().__init__(where + problem, field=field, line=line)
+        self.line = line
+
+
 # --- not found (404) ---------------------------------------------------------------
 
 

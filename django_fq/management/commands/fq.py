@@ -26,8 +26,8 @@ from dataclasses import asdict
 from django.core.management.base import BaseCommand
 from django.db import OperationalError, ProgrammingError
 
-from ... import health, services
-from ...exceptions import FqError, InvalidArgument, InvalidJson
+from ... import backup, health, services
+from ...exceptions import FqError, InvalidArgument, InvalidBackup, InvalidJson
 from ...types import STATE_NAMES, TOTAL_NAMES
 from ...validation import parse_json
 
@@ -203,6 +203,22 @@ class Command(BaseCommand):
         # A monitoring system reads exit 2 as "critical": a usage error must be "unknown" (3) instead.
         p.error = functools.partial(_health_usage_error, p)
 
+        p = op(
+            "export",
+            "Back up queues as JSON Lines: policy and totals, jobs in every state (running ones as ready), "
+            "idempotency tokens. Writes stdout unless --output; the summary goes to stderr then.",
+        )
+        p.add_argument("queues", metavar="QUEUE", nargs="*", help="queues to export (default: every queue)")
+        p.add_argument("--output", "-o", metavar="FILE", help="write FILE (replaced only once the export is complete)")
+
+        p = op(
+            "import",
+            "Restore a backup written by export, in one transaction: existing queues, jobs (by id) and tokens "
+            "are skipped, a bad line changes nothing.",
+        )
+        p.add_argument("source", metavar="FILE", help="the backup file, or - to read stdin")
+        p.add_argument("--dry-run", action="store_true", help="check every line and count what would be imported; change nothing")
+
     @staticmethod
     def _receipt(p):
         p.add_argument("queue", metavar="QUEUE", help="queue name")
@@ -242,7 +258,7 @@ class Command(BaseCommand):
         if self.as_json:
             self.stderr.write(json.dumps(exc.as_dict(), default=str), style_func=lambda s: s)
         else:
-            where = OPTION_OF_FIELD.get(exc.field or "", exc.field)
+            where = None if isinstance(exc, InvalidBackup) else OPTION_OF_FIELD.get(exc.field or "", exc.field)
             hint = f" ({where})" if where else ""
             self.stderr.write(f"fq {op}: error: {exc.message}{hint}")
         sys.exit(getattr(self, "fail_status", 1))
@@ -480,6 +496,48 @@ class Command(BaseCommand):
         self._emit(data, human)
         if report.exit_code:
             sys.exit(report.exit_code)
+
+    # --- backup and restore (logic in django_fq.backup) --------------------------------------
+
+    def do_export(self, o):
+        to_file = o["output"] not in (None, "-")
+        bar = backup.progress_bar(self.stderr, enabled=not self.as_json, desc="export")
+        try:
+            if to_file:
+                res = backup.export_to_path(o["output"], o["queues"] or None, progress=bar)
+            else:
+                res = backup.export_jsonl(self.stdout._out, o["queues"] or None, progress=bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        data = asdict(res)
+        text = (
+            f"exported {res.queues} queue(s), {res.jobs} job(s) ({res.running_as_ready} running, as ready), "
+            f"{res.tokens} token(s)"
+        )
+        summary = json.dumps(data) if self.as_json else text
+        (self.stdout if to_file else self.stderr).write(summary, style_func=lambda s: s)
+
+    def do_import(self, o):
+        lines, size = backup.open_source(o["source"], self.stdin)
+        bar = backup.progress_bar(self.stderr, enabled=not self.as_json, total=size, unit="B", desc="import")
+        try:
+            res = backup.import_jsonl(lines, dry_run=o["dry_run"], progress=bar)
+        finally:
+            if bar is not None:
+                bar.close()
+            if lines is not self.stdin and o["source"] != "-":
+                lines.close()
+
+        def human(d):
+            text = (
+                f"queues: {d['queues_created']} created, {d['queues_skipped']} skipped; "
+                f"jobs: {d['jobs_created']} created, {d['jobs_skipped']} skipped; "
+                f"tokens: {d['tokens_created']} created, {d['tokens_skipped']} skipped"
+            )
+            return text + (" (dry run: nothing was changed)" if d["dry_run"] else "")
+
+        self._emit(asdict(res), human)
 
 
 # --- helpers --------------------------------------------------------------------------------

@@ -1,0 +1,815 @@
+"""Backup and restore of django-fq's data as JSON Lines (``manage.py fq export`` / ``fq import``).
+
+A backup is a text file of one JSON object per line (UTF-8; the export writes
+ASCII only, with ``\\u`` escapes):
+
+* line 1, the header: ``{"format": "django-fq", "version": 1,
+  "exported_at": <epoch ms, database clock>, "database": "postgresql"}``;
+* per queue, in name order: a ``queue`` line, then its ``job`` lines (in claim
+  order: enqueue sequence), then its ``token`` lines.
+
+``{"type": "queue", "name", "created_at", "policy": {the seven policy fields},
+"totals": {enqueued, deduplicated, claimed, ..., wait_ms_sum, wait_count,
+run_ms_sum, run_count}}``
+
+``{"type": "job", "queue", "id", "state", "priority", "run_at",
+"enqueued_at", "changed_at", "claimed_at", "finished_at", "attempts",
+"max_attempts", "generation", "timeout_ms", "payload", "result",
+"last_error", "errors", "unique_key", "idempotency", "worker"}`` — ``state``
+is ``scheduled``, ``ready``, ``succeeded``, ``dead`` or ``cancelled``;
+``payload`` and ``result`` are JSON values (``result`` null when unset).
+
+``{"type": "token", "queue", "token", "job_id", "created_at", "expires_at"}``
+
+What a backup leaves out, on purpose: leases and receipts (a **running** job
+is exported as ``ready`` with its attempts as they are, so it runs again
+after a restore; no receipt issued before the backup works after it), the
+settle records that answer a repeated ack as a replay, and the internal
+sequence numbers (imported jobs get new ones, in file order, so their claim
+order among themselves is kept).
+
+Import (:func:`import_jsonl`) runs in **one transaction** and validates
+every line before it is used: a bad line raises :class:`InvalidBackup`
+naming the line and the field, and nothing at all is changed. It is
+idempotent: queues are keyed by name, jobs by id, tokens by (queue, token),
+and what already exists is skipped, never overwritten. A queue the import
+creates gets the policy, creation time and totals of the file; a queue that
+already exists keeps its own policy and totals. Either way the queue-full
+counters (active jobs, token rows) grow by exactly the rows inserted, so the
+queue-full checks and ``stats`` agree with the tables afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, cast
+
+from django.db import IntegrityError, transaction
+from django.db.models import Case, F, Value, When
+
+from . import conf, db, validation
+from .exceptions import InvalidArgument, InvalidBackup, QueueNotFound
+from .models import IdempotencyToken, Job, Queue
+from .services._base import QUEUE, add_counters, counter_sums, manager
+from .services.queues import POLICY_BOUNDS
+from .types import TIMING_NAMES, TOTAL_NAMES, QueuePolicy
+
+#: The ``format`` value of a backup's header line.
+FORMAT = "django-fq"
+#: The version of the format written by :func:`export_jsonl`; import reads versions up to this one.
+VERSION = 1
+
+_BATCH = 500  # rows per SELECT page (export) and per INSERT (import)
+_BIG = 2**63 - 1  # largest BIGINT
+_INT = 2**31 - 1  # largest INTEGER
+_POLICY_FIELDS = tuple(QueuePolicy.__dataclass_fields__)
+_TOTALS = TOTAL_NAMES + TIMING_NAMES
+_EXPORTED_STATES = ("scheduled", "ready", "succeeded", "dead", "cancelled")
+
+_HEADER_KEYS = frozenset({"format", "version", "exported_at", "database"})
+_QUEUE_KEYS = frozenset({"type", "name", "created_at", "policy", "totals"})
+_JOB_KEYS = frozenset(
+    {
+        "type", "queue", "id", "state", "priority", "run_at", "enqueued_at", "changed_at", "claimed_at",
+        "finished_at", "attempts", "max_attempts", "generation", "timeout_ms", "payload", "result",
+        "last_error", "errors", "unique_key", "idempotency", "worker",
+    }
+)  # fmt: skip
+_TOKEN_KEYS = frozenset({"type", "queue", "token", "job_id", "created_at", "expires_at"})
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    """What :func:`export_jsonl` wrote: rows per kind, and how many running jobs went out as ready."""
+
+    queues: int
+    jobs: int
+    tokens: int
+    running_as_ready: int
+    exported_at: int
+
+
+@dataclass(frozen=True)
+class ImportSummary:
+    """What :func:`import_jsonl` did (or, with ``dry_run``, would do): rows created and skipped per kind."""
+
+    lines: int
+    queues_created: int
+    queues_skipped: int
+    jobs_created: int
+    jobs_skipped: int
+    tokens_created: int
+    tokens_skipped: int
+    dry_run: bool = False
+
+
+# --- export ---------------------------------------------------------------------------------------
+
+
+def export_jsonl(out: IO[str], queues: Sequence[str] | None = None, *, progress=None) -> ExportSummary:
+    """Write a backup of ``queues`` (names; default: every queue) to the text stream ``out``.
+
+    Reads one consistent snapshot of the queue database (PostgreSQL:
+    a ``REPEATABLE READ, READ ONLY`` transaction; SQLite: one read
+    transaction, which never takes the write lock), in pages of 500 rows by
+    primary key, so neither the memory used nor a server-side cursor grows
+    with the queue. Workers and producers go on meanwhile. Inside a caller's
+    transaction the caller's snapshot is used.
+
+    ``progress``, if given, is a progress bar such as ``tqdm``: its
+    ``reset(total=rows)`` is called once, then ``update(n)`` as lines are
+    written. Raises :class:`InvalidQueueName`, and :class:`QueueNotFound`
+    for a named queue that does not exist (nothing is written then).
+    """
+    names = None if queues is None else list(dict.fromkeys(validation.queue_name(n) for n in queues))
+    running = n_jobs = n_tokens = 0
+    with _snapshot() as conn:
+        rows = list(
+            manager(Queue).order_by("name") if names is None else manager(Queue).filter(name__in=names).order_by("name")
+        )
+        if names is not None:
+            found = {q.name for q in rows}
+            for name in names:
+                if name not in found:
+                    raise QueueNotFound(f"no such queue: {name}", field="queue")
+        ids = [q.id for q in rows]
+        if progress is not None:
+            total = len(rows)
+            if ids:
+                total += manager(Job).filter(queue_id__in=ids).count()
+                total += manager(IdempotencyToken).filter(queue_id__in=ids).count()
+            progress.reset(total=total)
+        exported_at = db.db_now_ms()
+        _write(out, {"format": FORMAT, "version": VERSION, "exported_at": exported_at, "database": conn.vendor})
+        for q in rows:
+            sums = counter_sums(conn, q.id, _TOTALS)
+            _write(
+                out,
+                {
+                    "type": "queue",
+                    "name": q.name,
+                    "created_at": q.created_at,
+                    "policy": {f: getattr(q, f) for f in _POLICY_FIELDS},
+                    "totals": {n: sums[n] for n in _TOTALS},
+                },
+            )
+            _tick(progress)
+            for job in _job_pages(q.id):
+                running += job.pop("was_running")
+                _write(out, {"type": "job", "queue": q.name, **job})
+                n_jobs += 1
+                _tick(progress)
+            for token in _token_pages(q.id):
+                _write(out, {"type": "token", "queue": q.name, **token})
+                n_tokens += 1
+                _tick(progress)
+    return ExportSummary(
+        queues=len(rows), jobs=n_jobs, tokens=n_tokens, running_as_ready=running, exported_at=exported_at
+    )
+
+
+def _write(out: IO[str], obj: dict) -> None:
+    out.write(json.dumps(obj, separators=(",", ":"), ensure_ascii=True) + "\n")
+
+
+def _tick(progress, n: int = 1) -> None:
+    if progress is not None:
+        progress.update(n)
+
+
+@contextlib.contextmanager
+def _snapshot():
+    """A read-only transaction on the queue database that sees one snapshot (the caller's, if one is open)."""
+    conn = db.connection()
+    if conn.in_atomic_block:
+        yield conn
+        return
+    if conn.vendor == "sqlite":
+        # A deferred BEGIN: the first SELECT fixes the snapshot (WAL) and no write lock is taken,
+        # whatever transaction_mode the site uses for its own transactions.
+        conn.ensure_connection()
+        saved = getattr(conn, "transaction_mode", None)
+        conn.transaction_mode = "DEFERRED"
+        try:
+            with transaction.atomic(using=conn.alias):
+                conn.transaction_mode = saved
+                yield conn
+        finally:
+            conn.transaction_mode = saved
+        return
+    with transaction.atomic(using=conn.alias):
+        if conn.vendor == "postgresql":
+            with conn.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield conn
+
+
+def _exported_state():
+    """The state a job is exported with: its reported state, except ``running`` → ``ready``."""
+    return Case(
+        When(state="running", then=Value("ready")),
+        When(state="queued", run_at__gt=db.DbNow(), then=Value("scheduled")),
+        When(state="queued", then=Value("ready")),
+        default=F("state"),
+    )
+
+
+def _job_pages(queue_id: int):
+    """The queue's jobs as export dicts, in enqueue order, read in pages by ``seq``."""
+    last = 0
+    while True:
+        page = list(
+            manager(Job)
+            .filter(queue_id=queue_id, seq__gt=last)
+            .annotate(exported_state=_exported_state())
+            .order_by("seq")
+            .values(
+                "seq", "uid", "state", "exported_state", "priority", "run_at", "enqueued_at", "changed_at",
+                "claimed_at", "finished_at", "attempts", "max_attempts", "generation", "timeout_ms", "payload",
+                "result", "last_error", "errors", "unique_key", "idempotency", "worker",
+            )[:_BATCH]
+        )  # fmt: skip
+        for r in page:
+            yield {
+                "id": r["uid"],
+                "state": r["exported_state"],
+                "priority": r["priority"],
+                "run_at": r["run_at"],
+                "enqueued_at": r["enqueued_at"],
+                "changed_at": r["changed_at"],
+                "claimed_at": r["claimed_at"],
+                "finished_at": r["finished_at"],
+                "attempts": r["attempts"],
+                "max_attempts": r["max_attempts"],
+                "generation": r["generation"],
+                "timeout_ms": r["timeout_ms"],
+                "payload": json.loads(r["payload"]),
+                "result": None if r["result"] is None else json.loads(r["result"]),
+                "last_error": r["last_error"],
+                "errors": list(r["errors"] or []),
+                "unique_key": r["unique_key"],
+                "idempotency": r["idempotency"],
+                "worker": r["worker"],
+                "was_running": int(r["state"] == "running"),
+            }
+        if len(page) < _BATCH:
+            return
+        last = page[-1]["seq"]
+
+
+def _token_pages(queue_id: int):
+    """The queue's idempotency tokens as export dicts, read in pages by primary key."""
+    last = 0
+    while True:
+        page = list(
+            manager(IdempotencyToken)
+            .filter(queue_id=queue_id, id__gt=last)
+            .order_by("id")
+            .values("id", "token", "job_uid", "created_at", "expires_at")[:_BATCH]
+        )
+        for r in page:
+            yield {
+                "token": r["token"],
+                "job_id": r["job_uid"],
+                "created_at": r["created_at"],
+                "expires_at": r["expires_at"],
+            }
+        if len(page) < _BATCH:
+            return
+        last = page[-1]["id"]
+
+
+# --- import ---------------------------------------------------------------------------------------
+
+
+class _DryRun(Exception):
+    """Raised inside the import transaction to roll a dry run back."""
+
+
+def import_jsonl(lines: Iterable[str | bytes], *, dry_run: bool = False, progress=None) -> ImportSummary:
+    """Restore a backup written by :func:`export_jsonl` into the queue database.
+
+    ``lines`` yields the file's lines, as ``bytes`` (UTF-8) or ``str`` — an
+    open file works. Everything happens in one transaction (on SQLite it
+    holds the write lock until the end, so workers wait meanwhile); with
+    ``dry_run=True`` the transaction is rolled back at the end and the
+    summary says what an import would do. ``progress``, if given (e.g. a
+    ``tqdm`` bar), gets ``update(n)`` with the size of each line read (bytes
+    for ``bytes`` lines, characters otherwise).
+
+    Raises :class:`InvalidBackup` for the first bad line (its ``line`` and
+    ``field`` say where), including a job id that exists in another queue, a
+    ``unique_key`` another active job holds, and a queue that would pass
+    ``FQ_MAX_JOBS_PER_QUEUE`` / ``FQ_MAX_TOKENS_PER_QUEUE``. Nothing is
+    changed when it raises.
+    """
+    imp = _Importer()
+    try:
+        with db.write_atomic():
+            for n, raw in enumerate(lines, 1):
+                imp.feed(n, raw)
+                _tick(progress, len(raw))
+            imp.finish()
+            if dry_run:
+                raise _DryRun
+    except _DryRun:
+        pass
+    return imp.summary(dry_run)
+
+
+@dataclass
+class _QueueState:
+    """What the import knows of one queue of the file."""
+
+    name: str
+    line: int
+    id: int
+    created: bool
+    totals: dict
+    active: int = 0  # scheduled/ready jobs inserted
+    tokens: int = 0  # token rows inserted
+
+
+@dataclass
+class _PendingJob:
+    line: int
+    queue: _QueueState
+    job: Job = field(repr=False)
+
+
+@dataclass
+class _PendingToken:
+    line: int
+    queue: _QueueState
+    token: IdempotencyToken = field(repr=False)
+
+
+class _Importer:
+    """Line-by-line state of one import: validates, batches inserts, keeps the counters' deltas."""
+
+    def __init__(self):
+        self.header_line: int | None = None
+        self.lines = 0
+        self.queues: dict[str, _QueueState] = {}
+        self.job_lines: dict[str, int] = {}
+        self.token_lines: dict[tuple[str, str], int] = {}
+        self.key_lines: dict[tuple[str, str], int] = {}
+        self.jobs: list[_PendingJob] = []
+        self.tokens: list[_PendingToken] = []
+        self.counts = defaultdict(int)
+
+    # -- reading lines --------------------------------------------------------------------------
+
+    def feed(self, n: int, raw: str | bytes) -> None:
+        """Validate and stage line ``n``; flush full batches."""
+        self.lines = n
+        if isinstance(raw, bytes):
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InvalidBackup(f"not UTF-8 text ({exc.reason} at byte {exc.start})", line=n) from None
+        if not raw.strip():
+            return
+        try:
+            obj = json.loads(raw, parse_constant=_reject_constant)
+        except (ValueError, RecursionError) as exc:
+            raise InvalidBackup(f"not valid JSON: {exc}", line=n) from None
+        if not isinstance(obj, dict):
+            raise InvalidBackup("expected a JSON object", line=n)
+        if self.header_line is None:
+            self._header(n, obj)
+            return
+        kind = obj.get("type")
+        if kind == "queue":
+            self._queue(_Line(n, obj, _QUEUE_KEYS))
+        elif kind == "job":
+            self._job(_Line(n, obj, _JOB_KEYS))
+        elif kind == "token":
+            self._token(_Line(n, obj, _TOKEN_KEYS))
+        elif "format" in obj and "type" not in obj:
+            raise InvalidBackup("a second header: only line 1 may be a header", line=n)
+        else:
+            raise InvalidBackup('must be one of "queue", "job", "token"', line=n, field="type")
+        if len(self.jobs) >= _BATCH:
+            self._flush_jobs()
+        if len(self.tokens) >= _BATCH:
+            self._flush_tokens()
+
+    def _header(self, n: int, obj: dict) -> None:
+        if obj.get("format") != FORMAT:
+            raise InvalidBackup(f'the first line must be a header with "format": "{FORMAT}"', line=n, field="format")
+        line = _Line(n, obj, _HEADER_KEYS)
+        version = line.integer("version", 1, _INT)
+        if version > VERSION:
+            raise InvalidBackup(
+                f"format version {version} is newer than this django-fq reads ({VERSION})", line=n, field="version"
+            )
+        line.integer("exported_at", 0, _BIG, default=None)
+        line.text("database", 100, default=None)
+        self.header_line = n
+
+    def _queue(self, line: _Line) -> None:
+        name = line.get("name", required=True)
+        try:
+            validation.queue_name(name)
+        except InvalidArgument as exc:
+            raise line.error(exc.message, "name") from None
+        if name in self.queues:
+            raise line.error(f"queue {name} is declared twice (first on line {self.queues[name].line})", "name")
+        policy = line.obj_of("policy", _POLICY_FIELDS)
+        merged = {f: getattr(QueuePolicy(), f) for f in _POLICY_FIELDS}
+        for f in _POLICY_FIELDS:
+            if f in policy:
+                merged[f] = line.int_in(policy, f, *POLICY_BOUNDS[f], where=f"policy.{f}")
+        if merged["max_backoff_ms"] < merged["backoff_ms"]:
+            raise line.error("must be at least policy.backoff_ms", "policy.max_backoff_ms")
+        totals_raw = line.obj_of("totals", _TOTALS)
+        totals = {t: line.int_in(totals_raw, t, 0, _BIG, where=f"totals.{t}") for t in _TOTALS if t in totals_raw}
+        created_at = line.integer("created_at", 0, _BIG, default=None)
+
+        conn = db.connection()
+        existing = _find_queue(name)
+        created = False
+        if existing is None:
+            try:
+                with transaction.atomic(using=conn.alias):
+                    q = manager(Queue).create(
+                        name=name, created_at=created_at if created_at is not None else db.DbNow(), **merged
+                    )
+                existing, created = q.id, True
+            except IntegrityError:  # created concurrently: it is an existing queue now
+                existing = _find_queue(name)
+        if existing is None:
+            raise line.error(f"queue {name} was deleted while the import ran; nothing was imported", "name")
+        if conn.vendor == "postgresql":
+            # Hold the queue row as enqueues do, so a concurrent delete_queue waits for this import.
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT id FROM {QUEUE} WHERE id = %s FOR KEY SHARE", [existing])
+                if cur.fetchone() is None:
+                    raise line.error(f"queue {name} was deleted while the import ran; nothing was imported", "name")
+        self.queues[name] = _QueueState(
+            name=name, line=line.n, id=existing, created=created, totals=totals if created else {}
+        )
+        self.counts["queues_created" if created else "queues_skipped"] += 1
+
+    def _declared(self, line: _Line) -> _QueueState:
+        name = line.get("queue", required=True)
+        if not isinstance(name, str) or name not in self.queues:
+            raise line.error(f"queue {name!r} is not declared by a queue line before this one", "queue")
+        return self.queues[name]
+
+    def _job(self, line: _Line) -> None:
+        q = self._declared(line)
+        uid = line.get("id", required=True)
+        if not validation.job_id(uid):
+            raise line.error("must be a job id: 32 lowercase hexadecimal characters", "id")
+        if uid in self.job_lines:
+            raise line.error(f"job {uid} already appears on line {self.job_lines[uid]}", "id")
+        state = line.get("state", required=True)
+        if state not in _EXPORTED_STATES:
+            raise line.error(
+                f"must be one of {', '.join(_EXPORTED_STATES)} (running jobs are exported as ready)", "state"
+            )
+        payload, size = line.json("payload", required=True)
+        result = line.json("result")[0] if line.get("result") is not None else None
+        errors = line.get("errors", default=[])
+        if not isinstance(errors, list) or not all(isinstance(e, dict) for e in errors):
+            raise line.error("must be a list of objects", "errors")
+        line.json("errors", limit=_BIG)  # no NUL or lone surrogate: PostgreSQL could not store them
+        enqueued_at = line.integer("enqueued_at", 0, _BIG)
+        attempts = line.integer("attempts", 0, _INT)
+        job = Job(
+            uid=uid,
+            queue_id=q.id,
+            state="queued" if state in ("scheduled", "ready") else state,
+            priority=line.integer("priority", validation.MIN_PRIORITY, validation.MAX_PRIORITY),
+            run_at=line.integer("run_at", 0, _BIG),
+            enqueued_at=enqueued_at,
+            changed_at=line.integer("changed_at", 0, _BIG, default=enqueued_at),
+            claimed_at=line.integer("claimed_at", 0, _BIG, default=None),
+            finished_at=line.integer("finished_at", 0, _BIG, default=None),
+            attempts=attempts,
+            max_attempts=line.integer("max_attempts", *POLICY_BOUNDS["max_attempts"]),
+            generation=line.integer("generation", 0, _BIG, default=attempts),
+            timeout_ms=line.integer("timeout_ms", *POLICY_BOUNDS["timeout_ms"], default=0),
+            payload=payload,
+            payload_size=size,
+            result=result,
+            last_error=line.text("last_error", None, default=""),
+            errors=errors,
+            unique_key=line.key("unique_key"),
+            idempotency=line.key("idempotency"),
+            worker=line.text("worker", 200, default=""),
+        )
+        if job.unique_key is not None and job.state == "queued":
+            other = self.key_lines.setdefault((q.name, job.unique_key), line.n)
+            if other != line.n:
+                raise line.error(f"the active job on line {other} holds the same unique_key", "unique_key")
+        self.job_lines[uid] = line.n
+        self.jobs.append(_PendingJob(line.n, q, job))
+
+    def _token(self, line: _Line) -> None:
+        q = self._declared(line)
+        token = cast(str, line.key("token", required=True))  # required: never None
+        if (q.name, token) in self.token_lines:
+            raise line.error(f"token already appears on line {self.token_lines[q.name, token]}", "token")
+        job_uid = line.get("job_id", required=True)
+        if not validation.job_id(job_uid):
+            raise line.error("must be a job id: 32 lowercase hexadecimal characters", "job_id")
+        created_at = line.integer("created_at", 0, _BIG)
+        expires_at = line.integer("expires_at", 0, _BIG)
+        if expires_at < created_at:
+            raise line.error("must not be before created_at", "expires_at")
+        self.token_lines[q.name, token] = line.n
+        row = IdempotencyToken(
+            queue_id=q.id, token=token, job_uid=job_uid, created_at=created_at, expires_at=expires_at
+        )
+        self.tokens.append(_PendingToken(line.n, q, row))
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def _flush_jobs(self) -> None:
+        batch, self.jobs = self.jobs, []
+        if not batch:
+            return
+        have = dict(manager(Job).filter(uid__in=[p.job.uid for p in batch]).values_list("uid", "queue_id"))
+        new = []
+        for p in batch:
+            where = have.get(p.job.uid)
+            if where is None:
+                new.append(p)
+            elif where == p.queue.id:
+                self.counts["jobs_skipped"] += 1
+            else:
+                other = manager(Queue).filter(id=where).values_list("name", flat=True).first()
+                raise InvalidBackup(f"job {p.job.uid} already exists in queue {other}", line=p.line, field="id")
+        keyed = defaultdict(list)
+        for p in new:
+            if p.job.unique_key is not None and p.job.state == "queued":
+                keyed[p.queue.id].append(p)
+        for queue_id, items in keyed.items():
+            holders = dict(
+                manager(Job)
+                .filter(
+                    queue_id=queue_id, state__in=("queued", "running"), unique_key__in=[p.job.unique_key for p in items]
+                )
+                .values_list("unique_key", "uid")
+            )
+            for p in items:
+                if p.job.unique_key in holders:
+                    raise InvalidBackup(
+                        f"unique_key {p.job.unique_key!r} is held by active job {holders[p.job.unique_key]} "
+                        f"of queue {p.queue.name}",
+                        line=p.line,
+                        field="unique_key",
+                    )
+        manager(Job).bulk_create([p.job for p in new], batch_size=_BATCH)
+        for p in new:
+            p.queue.active += int(p.job.state == "queued")
+        self.counts["jobs_created"] += len(new)
+
+    def _flush_tokens(self) -> None:
+        batch, self.tokens = self.tokens, []
+        if not batch:
+            return
+        by_queue = defaultdict(list)
+        for p in batch:
+            by_queue[p.queue.id].append(p)
+        new = []
+        for queue_id, items in by_queue.items():
+            have = set(
+                manager(IdempotencyToken)
+                .filter(queue_id=queue_id, token__in=[p.token.token for p in items])
+                .values_list("token", flat=True)
+            )
+            for p in items:
+                if p.token.token in have:
+                    self.counts["tokens_skipped"] += 1
+                else:
+                    new.append(p)
+        manager(IdempotencyToken).bulk_create([p.token for p in new], batch_size=_BATCH)
+        for p in new:
+            p.queue.tokens += 1
+        self.counts["tokens_created"] += len(new)
+
+    def finish(self) -> None:
+        """Write what is staged, check the queue limits, and add the counter deltas (same transaction)."""
+        if self.header_line is None:
+            raise InvalidBackup(
+                f'the file is empty: expected a header with "format": "{FORMAT}"', line=max(self.lines, 1)
+            )
+        self._flush_jobs()
+        self._flush_tokens()
+        conn = db.connection()
+        max_jobs = int(conf.get("FQ_MAX_JOBS_PER_QUEUE"))
+        max_tokens = int(conf.get("FQ_MAX_TOKENS_PER_QUEUE"))
+        for q in self.queues.values():
+            if q.active or q.tokens:
+                now = counter_sums(conn, q.id, ("active", "token_rows"))
+                if now["active"] + q.active > max_jobs:
+                    raise InvalidBackup(
+                        f"queue {q.name} would hold {now['active'] + q.active} scheduled/ready/running jobs, "
+                        f"more than FQ_MAX_JOBS_PER_QUEUE ({max_jobs})",
+                        line=q.line,
+                        field="name",
+                    )
+                if now["token_rows"] + q.tokens > max_tokens:
+                    raise InvalidBackup(
+                        f"queue {q.name} would hold {now['token_rows'] + q.tokens} idempotency tokens, "
+                        f"more than FQ_MAX_TOKENS_PER_QUEUE ({max_tokens})",
+                        line=q.line,
+                        field="name",
+                    )
+            add_counters(conn, q.id, **q.totals, active=q.active, token_rows=q.tokens)
+            if q.active:
+                db.notify(conn, q.name)  # delivered at commit: idle workers look at once
+
+    def summary(self, dry_run: bool) -> ImportSummary:
+        c = self.counts
+        return ImportSummary(
+            lines=self.lines,
+            queues_created=c["queues_created"],
+            queues_skipped=c["queues_skipped"],
+            jobs_created=c["jobs_created"],
+            jobs_skipped=c["jobs_skipped"],
+            tokens_created=c["tokens_created"],
+            tokens_skipped=c["tokens_skipped"],
+            dry_run=dry_run,
+        )
+
+
+def _find_queue(name: str) -> int | None:
+    return manager(Queue).filter(name=name).values_list("id", flat=True).first()
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not allowed")
+
+
+_MISSING: Any = object()
+
+
+class _Line:
+    """One parsed line: typed access to its keys, raising :class:`InvalidBackup` that names line and key."""
+
+    def __init__(self, n: int, obj: dict, allowed: frozenset):
+        self.n = n
+        self.obj = obj
+        unknown = sorted(set(obj) - allowed)
+        if unknown:
+            raise InvalidBackup("unknown field", line=n, field=unknown[0])
+
+    def error(self, problem: str, key: str | None = None) -> InvalidBackup:
+        return InvalidBackup(problem, line=self.n, field=key)
+
+    def get(self, key: str, *, required: bool = False, default=None):
+        if key not in self.obj:
+            if required:
+                raise self.error("is required", key)
+            return default
+        return self.obj[key]
+
+    def integer(self, key: str, lo: int, hi: int, *, default=_MISSING) -> int:
+        """``key`` as an int within ``lo..hi``; absent (or null) gives ``default``, or fails when it has none."""
+        value = self.obj.get(key, _MISSING)
+        if value is _MISSING or (value is None and default is not _MISSING):
+            if default is _MISSING:
+                raise self.error("is required", key)
+            return default
+        return self.int_in(self.obj, key, lo, hi, where=key)
+
+    def int_in(self, obj: dict, key: str, lo: int, hi: int, *, where: str) -> int:
+        value = obj[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(f"must be an integer, not {_kind(value)}", where)
+        if not lo <= value <= hi:
+            raise self.error(f"must be between {lo} and {hi}", where)
+        return value
+
+    def text(self, key: str, max_len: int | None, *, default=_MISSING) -> str:
+        """``key`` as a string PostgreSQL and SQLite both store (no NUL, no lone surrogate)."""
+        if key not in self.obj or (self.obj[key] is None and default is not _MISSING):
+            if default is _MISSING:
+                raise self.error("is required", key)
+            return default
+        value = self.obj[key]
+        if not isinstance(value, str):
+            raise self.error(f"must be a string, not {_kind(value)}", key)
+        if max_len is not None and len(value) > max_len:
+            raise self.error(f"must be at most {max_len} characters", key)
+        if "\x00" in value:
+            raise self.error("must not contain a NUL character", key)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise self.error("contains a lone surrogate", key) from None
+        return value
+
+    def key(self, key: str, *, required: bool = False) -> str | None:
+        value = self.get(key, required=required)
+        if value is None and required:
+            raise self.error("must be a string of 1-255 characters", key)
+        try:
+            return validation.key(value, key)
+        except InvalidArgument:
+            raise self.error(
+                f"must be null or a string of 1-{validation.MAX_KEY_LENGTH} characters without NUL", key
+            ) from None
+
+    def json(self, key: str, *, required: bool = False, limit: int | None = None) -> tuple[str, int]:
+        value = self.get(key, required=required)
+        try:
+            return validation.json_text(value, key, limit)
+        except InvalidArgument as exc:
+            raise self.error(exc.message, key) from None
+
+    def obj_of(self, key: str, allowed: Sequence[str]) -> dict:
+        value = self.get(key, default={})
+        if not isinstance(value, dict):
+            raise self.error(f"must be an object, not {_kind(value)}", key)
+        unknown = sorted(set(value) - set(allowed))
+        if unknown:
+            raise self.error("unknown field", f"{key}.{unknown[0]}")
+        return value
+
+
+def _kind(value) -> str:
+    if value is None:
+        return "null"
+    kinds = {
+        bool: "a boolean",
+        int: "an integer",
+        str: "a string",
+        float: "a number with a fraction",
+        list: "a list",
+        dict: "an object",
+    }
+    return kinds.get(type(value), type(value).__name__)
+
+
+# --- command-line helpers -------------------------------------------------------------------------
+
+
+def progress_bar(stream, *, enabled: bool, total: int | None = None, unit: str = "row", desc: str = ""):
+    """A ``tqdm`` bar on ``stream`` when ``enabled`` and ``stream`` is a terminal, else ``None``.
+
+    ``unit="B"`` scales the counts as bytes. The caller closes the bar.
+    """
+    isatty = getattr(stream, "isatty", None)
+    if not enabled or not callable(isatty) or not isatty():
+        return None
+    from tqdm import tqdm
+
+    out = getattr(stream, "_out", stream)  # Django's OutputWrapper
+    scale = unit == "B"
+    return tqdm(
+        total=total, unit=unit, unit_scale=scale, unit_divisor=1024 if scale else 1000, desc=desc, file=out, leave=False
+    )
+
+
+def export_to_path(path: str, queues: Sequence[str] | None = None, *, progress=None) -> ExportSummary:
+    """:func:`export_jsonl` into the file ``path``, which is replaced only once the export is complete.
+
+    Writes a temporary file in the same directory and renames it over
+    ``path``; on any error the temporary file is removed and ``path`` is
+    left as it was. Raises :class:`InvalidArgument` (field ``output``) when
+    the directory cannot be written.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".fq-export-", suffix=".jsonl", dir=directory)
+    except OSError as exc:
+        raise InvalidArgument(f"cannot write {path}: {exc.strerror or exc}", field="output") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            summary = export_jsonl(fh, queues, progress=progress)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return summary
+
+
+def open_source(source: str, stdin=None):
+    """``(lines, size_in_bytes or None)`` of a backup file path, or of ``stdin`` for ``-``.
+
+    A path is opened in binary mode (lines are decoded, and a bad byte
+    reported with its line, by :func:`import_jsonl`). Raises
+    :class:`InvalidArgument` (field ``source``) when the file cannot be read.
+    """
+    if source == "-":
+        stream = stdin if stdin is not None else sys.stdin
+        return getattr(stream, "buffer", stream), None
+    try:
+        fh = open(source, "rb")  # noqa: SIM115 - closed by the caller through the returned file
+        return fh, os.fstat(fh.fileno()).st_size
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read {source}: {exc.strerror or exc}", field="source") from None
