@@ -205,10 +205,9 @@ def read_anchors(out_dir: str) -> dict:
         raise SystemExit(f"no anchors results at {raw}")
     groups: dict[str, dict[str, list]] = {}
     bad = []
-    for line in open(raw):
-        if not line.strip():
-            continue
-        r = json.loads(line)
+    with open(raw) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    for r in records:
         sysname, metric, variant = r["system"], r["metric"], r.get("variant", "default")
         g = groups.setdefault(sysname, {})
         if metric == "latency":
@@ -232,7 +231,8 @@ def read_anchors(out_dir: str) -> dict:
     versions = None
     vpath = os.path.join(out_dir, "versions.txt")
     if os.path.exists(vpath):
-        versions = open(vpath).read().strip()
+        with open(vpath) as f:
+            versions = f.read().strip()
     return {"dir": out_dir, "summary": summary, "incomplete_runs": bad, "versions": versions}
 
 

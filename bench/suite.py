@@ -283,7 +283,7 @@ class Suite:
 
     def start_worker(self, cmd: list[str], tag: str) -> subprocess.Popen:
         path = os.path.join(self.logs, f"{self.args.db}_{tag}.log")
-        logf = open(path, "w")
+        logf = open(path, "w")  # noqa: SIM115 - the worker writes to it; closed when the worker is stopped
         full = cmd
         time_file = None
         if self.use_time:

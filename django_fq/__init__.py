@@ -25,10 +25,13 @@ _LAZY = {
     "Queue": ("django_fq.client", "Queue"),
     "handler": ("django_fq.handlers", "handler"),
 }
-_SERVICES = (
-    "ack ack_many cancel claim configure delete_queue enqueue enqueue_many extend fold_counters get jobs nack "
-    "policy prune queues reap release requeue retry stats wait"
-).split()
+_SERVICES = frozenset(
+    {
+        "ack", "ack_many", "cancel", "claim", "configure", "delete_queue", "enqueue", "enqueue_many",
+        "extend", "fold_counters", "get", "jobs", "nack", "policy", "prune", "queues", "reap", "release",
+        "requeue", "retry", "stats", "wait",
+    }
+)
 
 
 def __getattr__(name: str):

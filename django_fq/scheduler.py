@@ -210,8 +210,9 @@ def _problems(name, raw) -> list[tuple[str, str]]:
     if not isinstance(queue, str) or not validation.QUEUE_NAME.fullmatch(queue):
         out.append((E_QUEUE, f"queue {queue!r} is not a queue name (1-200 characters from A-Z a-z 0-9 : . _ -)"))
     zone = raw.get("timezone")
-    if zone is not None and _zone_problem(zone):
-        out.append((E_TIMEZONE, _zone_problem(zone)))
+    zone_problem = _zone_problem(zone) if zone is not None else None
+    if zone_problem:
+        out.append((E_TIMEZONE, zone_problem))
     elif zone is None and _zone_problem(_default_zone()):
         out.append((E_TIMEZONE, f"TIME_ZONE {_default_zone()!r} is not a known time zone"))
     try:
@@ -246,7 +247,7 @@ def _cron_problem(cron) -> str | None:
     try:
         if not croniter.is_valid(text):
             raise CroniterBadCronError(text)
-        croniter(text, dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)).get_next(float)
+        croniter(text, dt.datetime(2000, 1, 1, tzinfo=dt.UTC)).get_next(float)
     except CroniterBadDateError:
         return f"cron {cron!r} never matches a date"
     except (CroniterError, ValueError, KeyError, TypeError):
@@ -276,9 +277,12 @@ def _zone_problem(zone) -> str | None:
 
 
 def _build(name: str, raw: Mapping) -> Entry:
+    cron = _expand(raw["cron"])
+    if cron is None:  # _problems() refuses unknown macros before we get here
+        raise ScheduleError(E_CRON, f"cron {raw['cron']!r} is not a known macro")
     return Entry(
         name=name,
-        cron=_expand(raw["cron"]),
+        cron=cron,
         queue=raw["queue"],
         payload=raw.get("payload"),
         timezone=raw.get("timezone") or _default_zone(),

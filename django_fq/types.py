@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-class JobState(str, enum.Enum):
+class JobState(enum.StrEnum):
     """A job's reported state (SPEC §3).
 
     ``scheduled`` and ``ready`` are one stored state (``queued``) told apart by
@@ -24,9 +24,6 @@ class JobState(str, enum.Enum):
     SUCCEEDED = "succeeded"
     DEAD = "dead"
     CANCELLED = "cancelled"
-
-    def __str__(self) -> str:  # pragma: no cover - trivial
-        return self.value
 
 
 STATE_NAMES = tuple(s.value for s in JobState)

@@ -112,7 +112,7 @@ def epoch_ms(value: object, field: str = "at") -> int:
             if settings.USE_TZ:
                 raise InvalidTime(f"{field} must be timezone-aware (USE_TZ is on)", field=field)
             value = timezone.make_aware(value)
-        delta = value - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+        delta = value - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
         value = delta // dt.timedelta(milliseconds=1)
         if value < 0:
             raise InvalidTime(f"{field} must not be before 1970", field=field)

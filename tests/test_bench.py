@@ -34,7 +34,7 @@ def test_percentile_is_nearest_rank():
     assert bench_suite.percentile(xs, 0.95) == 19
     assert bench_suite.percentile(xs, 1.0) == 20
     assert bench_suite.percentile([7], 0.95) == 7
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no values"):
         bench_suite.percentile([], 0.5)
 
 

@@ -41,7 +41,7 @@ def demo_database_url():
     port = os.environ.get("FQ_TEST_PG_PORT", "5432")
     user = os.environ.get("FQ_TEST_PG_USER", "postgres")
     name = os.environ.get("FQ_TEST_PG_TEST_NAME", "test_fq") + "_demo"
-    admin = dict(host=host, port=port, user=user, dbname="postgres", autocommit=True)
+    admin = {"host": host, "port": port, "user": user, "dbname": "postgres", "autocommit": True}
     with psycopg.connect(**admin) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
         conn.execute(f'CREATE DATABASE "{name}"')

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import itertools
 import json
 import os
 import subprocess
@@ -32,7 +33,7 @@ from django_fq.models import IdempotencyToken, Job
 
 ROOT = Path(__file__).resolve().parent.parent
 PARIS = ZoneInfo("Europe/Paris")
-UTC = dt.timezone.utc
+UTC = dt.UTC
 MINUTE = 60_000
 HOUR = 60 * MINUTE
 DAY = 24 * HOUR
@@ -108,7 +109,7 @@ def test_wildcard_entry_follows_real_time_through_fall_back():
     got = scheduler.ticks_between(e, start, end)
     assert end - start == 4 * HOUR
     assert len(got) == 8
-    assert all(b - a == 30 * MINUTE for a, b in zip([start, *got], got))
+    assert all(b - a == 30 * MINUTE for a, b in itertools.pairwise([start, *got]))
     assert [iso(t) for t in got].count("2025-10-26T02:30:00+02:00") == 1
     assert [iso(t) for t in got].count("2025-10-26T02:30:00+01:00") == 1
 
@@ -428,7 +429,7 @@ def test_manage_py_check_fails_on_an_invalid_schedule(settings):
     from django.core.management.base import SystemCheckError
 
     settings.FQ_SCHEDULE = {"x": {"cron": "* * * *", "queue": "q"}}
-    with pytest.raises(SystemCheckError, match="django_fq.E010"):
+    with pytest.raises(SystemCheckError, match=r"django_fq\.E010"):
         call_command("check")
 
 
@@ -521,7 +522,7 @@ def test_three_processes_calling_run_due_at_once_enqueue_each_tick_once(settings
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    for p, (out, err) in zip(procs, outputs):
+    for p, (_out, err) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, err
     created = [json.loads(out)["created"] for out, _ in outputs]
 

@@ -9,7 +9,7 @@ database name in ``FQ_CHILD_DB_NAME`` (and may shift the database clock with
 import copy
 import os
 
-from tests.settings import *  # noqa: F401,F403
+from tests.settings import *  # noqa: F403
 from tests.settings import DATABASES as _BASE
 
 DATABASES = copy.deepcopy(_BASE)

@@ -10,16 +10,25 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from typing import overload
 
 from django.utils.html import format_html
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 EMPTY = "—"
 
 #: Largest part of a payload or result rendered on a detail page (characters of
 #: the pretty-printed text). Payloads may be up to 32 MiB; a page that size helps
 #: nobody, so the rest is cut with a note.
 MAX_SHOWN_CHARS = 200_000
+
+
+@overload
+def utc(ms: int) -> dt.datetime: ...
+@overload
+def utc(ms: None) -> None: ...
+@overload
+def utc(ms: int | None) -> dt.datetime | None: ...
 
 
 def utc(ms: int | None) -> dt.datetime | None:
@@ -62,7 +71,7 @@ def duration(ms: int | float | None) -> str:
     seconds = ms / 1000
     if seconds < 60:
         return f"{seconds:.3g} s" if seconds < 10 else f"{seconds:.0f} s"
-    minutes, sec = divmod(int(round(seconds)), 60)
+    minutes, sec = divmod(round(seconds), 60)
     if minutes < 60:
         return f"{minutes} min {sec} s" if sec else f"{minutes} min"
     hours, minutes = divmod(minutes, 60)

@@ -93,7 +93,7 @@ class JobAdmin(admin.ModelAdmin):
         ("Result", {"fields": ("result_pretty",)}),
         ("Errors", {"fields": ("last_error_text", "error_history")}),
     )
-    readonly_fields = tuple(f for _, opts in fieldsets for f in opts["fields"])
+    readonly_fields = tuple(str(f) for _, opts in fieldsets for f in opts["fields"])
 
     # --- queryset, search -------------------------------------------------------------
 
@@ -251,7 +251,7 @@ class JobAdmin(admin.ModelAdmin):
         info = self.opts.app_label, self.opts.model_name
         wrap = self.admin_site.admin_view
         return [
-            path(f"<path:object_id>/{verb}/", wrap(self.repair_view), {"verb": verb}, name="%s_%s_" % info + verb)
+            path(f"<path:object_id>/{verb}/", wrap(self.repair_view), {"verb": verb}, name="{}_{}_{}".format(*info, verb))
             for verb in VERBS
         ] + super().get_urls()
 
@@ -275,7 +275,7 @@ class JobAdmin(admin.ModelAdmin):
         state = getattr(obj, "reported", obj.state)
         info = self.opts.app_label, self.opts.model_name
         return [
-            {"verb": verb, "label": label, "url": reverse("admin:%s_%s_" % info + verb, args=[obj.pk], current_app=self.admin_site.name)}
+            {"verb": verb, "label": label, "url": reverse("admin:{}_{}_{}".format(*info, verb), args=[obj.pk], current_app=self.admin_site.name)}
             for verb, (_, label, _, states) in VERBS.items()
             if state in states
         ]
@@ -286,7 +286,8 @@ class JobAdmin(admin.ModelAdmin):
             return HttpResponseNotAllowed(["POST"])
         obj = self.get_object(request, object_id)
         if obj is None:
-            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+            # ModelAdmin's own helper for a missing object (private, so not in the stubs).
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)  # type: ignore[attr-defined]
         if not self.has_change_permission(request, obj):
             raise PermissionDenied
         fn, _, past, _ = VERBS[verb]
@@ -298,7 +299,7 @@ class JobAdmin(admin.ModelAdmin):
             self.log_change(request, obj, f"{past.capitalize()} through the admin; now {info.state}.")
             self.message_user(request, f"Job {obj.uid} {past}: it is now {info.state}.", messages.SUCCESS)
         return HttpResponseRedirect(
-            reverse("admin:%s_%s_change" % (self.opts.app_label, self.opts.model_name), args=[obj.pk], current_app=self.admin_site.name)
+            reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[obj.pk], current_app=self.admin_site.name)
         )
 
     # --- bulk actions ---------------------------------------------------------------------

@@ -272,7 +272,8 @@ class QueueAdmin(admin.ModelAdmin):
         """Confirm with the numbers of what goes (jobs by state, leases, tokens), then call ``delete_queue``."""
         obj = self.get_object(request, unquote(object_id))
         if obj is None:
-            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+            # ModelAdmin's own helper for a missing object (private, so not in the stubs).
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)  # type: ignore[attr-defined]
         if not self.has_delete_permission(request, obj):
             raise PermissionDenied
         changelist = reverse("admin:django_fq_queue_changelist", current_app=self.admin_site.name)
@@ -282,7 +283,8 @@ class QueueAdmin(admin.ModelAdmin):
             except FqError as exc:
                 self.message_user(request, f"Queue {obj.name} was not deleted: {exc.message}", messages.ERROR)
             else:
-                self.log_deletions(request, [obj])
+                # The queue is gone by now, so the object itself (not a queryset) is logged.
+                self.log_deletions(request, [obj])  # type: ignore[arg-type]
                 self.message_user(request, f"Queue {obj.name} was deleted with all its jobs.", messages.SUCCESS)
             return HttpResponseRedirect(changelist)
         counts = dashboard.counts_of(obj)
@@ -317,7 +319,8 @@ class QueueAdmin(admin.ModelAdmin):
     def get_urls(self):
         return [
             path("dashboard/", self.admin_site.admin_view(self.dashboard_view), name="django_fq_dashboard"),
-        ] + super().get_urls()
+            *super().get_urls(),
+        ]
 
     def dashboard_view(self, request):
         """Counts per queue and the last hour's activity as an inline SVG chart (no JavaScript)."""

@@ -46,10 +46,12 @@ def exception_handler(exc, context):
         body, status = error_body("permission_denied", "permission denied"), 403
     elif isinstance(exc, drf.APIException):
         status = exc.status_code
-        if getattr(exc, "auth_header", None):
-            headers["WWW-Authenticate"] = exc.auth_header
-        if getattr(exc, "wait", None):
-            headers["Retry-After"] = "%d" % exc.wait
+        auth_header = getattr(exc, "auth_header", None)
+        if auth_header:
+            headers["WWW-Authenticate"] = auth_header
+        wait = getattr(exc, "wait", None)
+        if wait:
+            headers["Retry-After"] = str(int(wait))
         if isinstance(exc, drf.ParseError):
             body = error_body("invalid_json", _text(exc.detail))
         elif isinstance(exc, drf.ValidationError):

@@ -25,8 +25,8 @@ from __future__ import annotations
 import time
 
 from .. import db, services, validation, wakeup
-from ..types import ClaimedJob, JobInfo
 from ..exceptions import WaitTimeout
+from ..types import ClaimedJob, JobInfo
 from . import conf
 
 #: Pause between looks where no notification can end it early (SQLite; PostgreSQL before LISTEN is up).
@@ -53,10 +53,12 @@ def release_connection() -> bool:
 def claim(queue: str, *, count: int, visibility_ms: int | None, wait_ms: int, worker: str) -> list[ClaimedJob]:
     """:func:`django_fq.services.claim` with a long poll that holds no connection while it waits."""
     validation.integer(wait_ms, "wait_ms", 0, validation.MAX_WAIT_MS)
+    if not wait_ms:
+        return services.claim(queue, count=count, visibility_ms=visibility_ms, wait_ms=0, worker=worker)
     give_up = time.monotonic() + wait_ms / 1000
-    listener = wakeup.listener() if wait_ms else None
+    listener = wakeup.listener()
     while True:
-        mark = listener.mark() if listener else None
+        mark = listener.mark()
         jobs = services.claim(queue, count=count, visibility_ms=visibility_ms, wait_ms=0, worker=worker)
         remaining = give_up - time.monotonic()
         if jobs or remaining <= 0:

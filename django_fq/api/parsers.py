@@ -28,7 +28,8 @@ class FqJSONParser(BaseParser):
     def parse(self, stream, media_type=None, parser_context=None):
         context = parser_context or {}
         request, view = context.get("request"), context.get("view")
-        limit = view.max_body_bytes() if hasattr(view, "max_body_bytes") else conf.max_body_bytes()
+        view_limit = getattr(view, "max_body_bytes", None)
+        limit = view_limit() if view_limit is not None else conf.max_body_bytes()
         declared = _content_length(request)
         if declared is not None and declared > limit:
             raise PayloadTooLarge(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from django.db import connections
+from django.db import connections, transaction
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.renderers import JSONRenderer
 
@@ -80,7 +80,8 @@ class SchemaView(SpectacularAPIView):
     @classmethod
     def as_view(cls, **initkwargs):
         view = super().as_view(**initkwargs)
-        view._non_atomic_requests = set(connections)
+        for alias in connections:
+            view = transaction.non_atomic_requests(using=alias)(view)
         return view
 
     def handle_exception(self, exc):
@@ -95,7 +96,7 @@ class SchemaView(SpectacularAPIView):
 
         path = request.path
         mount = path[: -len("schema/")] if path.endswith("schema/") else path
-        self.urlconf = list(api_patterns())
+        self.urlconf = list(api_patterns())  # type: ignore[assignment]  # drf-spectacular takes a list of patterns too
         self.custom_settings = spectacular_settings(mount)
         with _generating:
             return super().get(request, *args, **kwargs)

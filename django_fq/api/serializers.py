@@ -226,7 +226,8 @@ class JobSerializer(JobListedSerializer):
 
     payload = AnyJSON()
     result = AnyJSON()
-    errors = ErrorEntrySerializer(many=True)
+    # DRF's metaclass moves declared fields off the class, so Serializer.errors is not shadowed.
+    errors = ErrorEntrySerializer(many=True)  # type: ignore[assignment]
 
 
 class JobPageSerializer(serializers.Serializer):

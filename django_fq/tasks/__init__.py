@@ -32,12 +32,12 @@ from .runner import run_task
 __all__ = [
     "BACKEND_OPTIONS",
     "FRAMEWORK",
+    "TASK_OPTIONS",
     "FqBackend",
     "FqTask",
     "InvalidTask",
     "InvalidTaskBackend",
     "LeaseExpired",
-    "TASK_OPTIONS",
     "TaskAttemptError",
     "TaskCancelled",
     "TaskContext",

@@ -39,7 +39,7 @@ BACKEND_OPTIONS = frozenset({"enqueue_on_commit", "queue_prefix", "tasks", *TASK
 #: Version of the job payload layout written by :meth:`FqBackend.enqueue`.
 PAYLOAD_VERSION = 1
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _STATUS = {
     "scheduled": tasks.TaskResultStatus.READY,
     "ready": tasks.TaskResultStatus.READY,
@@ -132,7 +132,7 @@ class FqTask(tasks.Task):
         unknown = sorted(set(options) - set(TASK_OPTIONS))
         if unknown:
             raise TypeError(f"using() got an unexpected keyword argument {unknown[0]!r}")
-        changed = tasks.Task.using(self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend)
+        changed: Any = tasks.Task.using(self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend)
         return dataclasses.replace(changed, **options) if options else changed
 
 
@@ -310,7 +310,7 @@ class FqBackend(tasks.BaseTaskBackend):
         """
         token = options.get("idempotency") or secrets.token_hex(16)
         options = {**options, "idempotency": token}
-        result = tasks.TaskResult(
+        result: tasks.TaskResult[Any, Any] = tasks.TaskResult(
             task=task,
             id=token,
             status=tasks.TaskResultStatus.READY,
@@ -420,7 +420,7 @@ class FqBackend(tasks.BaseTaskBackend):
         finished = None
         if info.state in _FINAL:
             finished = to_datetime(info.finished_at if info.finished_at is not None else info.changed_at)
-        result = tasks.TaskResult(
+        result: tasks.TaskResult[Any, Any] = tasks.TaskResult(
             task=task,
             id=info.id,
             status=_STATUS[info.state],

@@ -28,6 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import traceback
+from typing import cast
 
 from django.utils.module_loading import import_string
 
@@ -35,7 +36,7 @@ from .. import handlers, validation
 from .. import services as fq
 from ..exceptions import PermanentFailure
 from . import _compat as tasks
-from .backend import is_task_payload
+from .backend import FqBackend, is_task_payload
 from .errors import class_path
 from .history import NOTE_PREFIX, exception_note
 
@@ -50,6 +51,7 @@ def run_task(job):
     backend = tasks.task_backends[payload["backend"]]
     if not getattr(backend, "is_fq_backend", False):
         raise RuntimeError(f"TASKS[{payload['backend']!r}] is not a django-fq backend")
+    backend = cast(FqBackend, backend)
     info = fq.get(job.queue, job.id)
     task = backend.load_task(payload)
     result = backend.result_from_job(info, task=task)
@@ -122,7 +124,7 @@ def _finished(backend, result) -> None:
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def register_backend(backend, *, strict: bool = True) -> None:
@@ -169,7 +171,7 @@ def register_configured() -> list[str]:
 
     queues: list[str] = []
     for alias in fq_backend_aliases(getattr(settings, "TASKS", None)):
-        backend = tasks.task_backends[alias]
+        backend = cast(FqBackend, tasks.task_backends[alias])  # fq_backend_aliases() checked its class
         register_backend(backend, strict=True)
         queues.extend(backend.fq_queues.values())
     return queues

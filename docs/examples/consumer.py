@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     if args.token:
         headers = {"Authorization": f"Token {args.token}"}
     elif args.user:
-        pair = f"{args.user}:{args.password or ''}".encode("utf-8")
+        pair = f"{args.user}:{args.password or ''}".encode()
         headers = {"Authorization": "Basic " + base64.b64encode(pair).decode("ascii")}
     else:
         parser.error("give --user/--password or --token")

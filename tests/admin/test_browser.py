@@ -29,7 +29,7 @@ from .helpers import make
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 try:
-    import selenium  # noqa: F401
+    import selenium
 except ImportError:  # pragma: no cover - depends on the environment
     selenium = None
 

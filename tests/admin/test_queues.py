@@ -84,9 +84,9 @@ def test_changelist_shows_totals_and_average_wait_and_run(root_client, queue, cl
     from django_fq.admin import display  # imported once the admin is installed (it registers on import)
 
     html = squash(text(response))
-    assert f'<td class="field-total_enqueued">4</td>' in html
-    assert f'<td class="field-total_acked">1</td>' in html
-    assert f'<td class="field-total_failed">1</td>' in html
+    assert '<td class="field-total_enqueued">4</td>' in html
+    assert '<td class="field-total_acked">1</td>' in html
+    assert '<td class="field-total_failed">1</td>' in html
     assert display.average(stats.wait_ms_sum, stats.wait_count) in html
     assert display.average(stats.run_ms_sum, stats.run_count) in html
 

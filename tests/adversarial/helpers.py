@@ -20,7 +20,7 @@ class Background:
     def _run(self) -> None:
         try:
             self.value = self.fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
+        except BaseException as exc:
             self.error = exc
         finally:
             connections.close_all()
@@ -72,4 +72,4 @@ def wait_for_lock_waiter(n: int = 1, timeout: float = 10.0, thread: Background |
     assert result.get("ok"), f"no session started waiting for a lock within {timeout}s"
 
 
-__all__ = ["Background", "run_elsewhere", "wait_for_lock_waiter", "pg_lock_waiters"]
+__all__ = ["Background", "pg_lock_waiters", "run_elsewhere", "wait_for_lock_waiter"]

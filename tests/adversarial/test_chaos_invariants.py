@@ -27,6 +27,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 Q = "adv.chaos"
 SECONDS = 1.5
+MIN_OPS = 80  # per thread: about 100 enqueues and 70 claims over the 8 threads
 
 
 def chaos(seed: int, stop_at: float, receipts: list, lock: threading.Lock, errors: list) -> None:
@@ -48,8 +49,11 @@ def chaos(seed: int, stop_at: float, receipts: list, lock: threading.Lock, error
         ids = list(Job.objects.filter(queue__name=Q).values_list("uid", flat=True)[:300])
         return rng.choice(ids) if ids else "0" * 32
 
+    done = 0
     try:
-        while time.monotonic() < stop_at:
+        # At least SECONDS and MIN_OPS operations per thread, so a slow machine still races enough.
+        while (time.monotonic() < stop_at or done < MIN_OPS) and time.monotonic() < stop_at + 60:
+            done += 1
             op = rng.choice(ops)
             try:
                 if op == "enqueue":
@@ -81,7 +85,7 @@ def chaos(seed: int, stop_at: float, receipts: list, lock: threading.Lock, error
                     fq.configure(Q, concurrency=rng.choice([0, 0, 3]))
             except FqError:
                 pass
-    except BaseException as exc:  # noqa: BLE001 - reported by the test
+    except BaseException as exc:
         errors.append(exc)
     finally:
         connections.close_all()
@@ -150,7 +154,7 @@ def test_prune_racing_acks_loses_no_ack_and_no_count():
         try:
             for job in part:
                 fq.ack(q, job.receipt, result={"n": job.payload})
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             errors.append(exc)
         finally:
             connections.close_all()
@@ -159,7 +163,7 @@ def test_prune_racing_acks_loses_no_ack_and_no_count():
         try:
             while not done.is_set():
                 pruned.append(fq.prune(retention_ms=0).jobs)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             errors.append(exc)
         finally:
             connections.close_all()

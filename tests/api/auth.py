@@ -17,7 +17,7 @@ class _Tokens:
     class DoesNotExist(Exception):
         pass
 
-    class objects:  # noqa: N801 - mimics a model manager
+    class objects:
         @staticmethod
         def select_related(*_):
             return _Tokens.objects

@@ -25,7 +25,7 @@ def later(delay_s: float, fn, *args, **kwargs) -> threading.Thread:
         try:
             time.sleep(delay_s)
             fn(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - reported by join()
+        except Exception as exc:
             errors.append(exc)
         finally:
             connections.close_all()

@@ -64,7 +64,7 @@ def _skew_clock(skew_ms: int) -> None:
 
         @classmethod
         def utcnow(cls):
-            return real_datetime.now(dt_module.timezone.utc).replace(tzinfo=None) + shift
+            return real_datetime.now(dt_module.UTC).replace(tzinfo=None) + shift
 
         @classmethod
         def today(cls):
@@ -151,7 +151,7 @@ def cmd_skewed(delayed_queue: str, ready_queue: str, visibility_ms: str) -> None
     vis = int(visibility_ms)
     report = {
         "py_time_ms": int(time.time() * 1000),
-        "py_datetime_ms": int(dt.datetime.now(dt.timezone.utc).timestamp() * 1000),
+        "py_datetime_ms": int(dt.datetime.now(dt.UTC).timestamp() * 1000),
         "django_now_ms": int(timezone.now().timestamp() * 1000),
     }
     report["enqueue_before"] = db.db_now_ms()

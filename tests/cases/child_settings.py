@@ -7,7 +7,7 @@ database (and its clock offset, if any) through the environment instead.
 
 import os
 
-from tests.settings import *  # noqa: F401,F403
+from tests.settings import *  # noqa: F403
 from tests.settings import DATABASES
 
 _name = os.environ["FQ_CHILD_DB_NAME"]

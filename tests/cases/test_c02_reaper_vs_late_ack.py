@@ -165,11 +165,11 @@ def test_c02_unpaused_race_never_has_two_winners(clock):
         assert claimed.id == job
         go = threading.Barrier(2, timeout=TIMEOUT)
 
-        def reaper():
+        def reaper(go=go):
             go.wait()
             return fq.reap(queue)
 
-        def ack(receipt=claimed.receipt):
+        def ack(receipt=claimed.receipt, go=go):
             go.wait()
             return fq.ack(queue, receipt)
 

@@ -38,7 +38,7 @@ def test_c06_four_processes_drain_500_jobs_without_locks_or_duplicates(spawn):
         handled[child.proc.pid] = child.until("done", timeout=120)["handled"]
     codes = [child.wait(timeout=60) for child in children]
 
-    for child, code in zip(children, codes):
+    for child, code in zip(children, codes, strict=True):
         assert code == 0, child.stderr
         assert "database is locked" not in child.stderr
         assert "IntegrityError" not in child.stderr

@@ -25,7 +25,7 @@ from .procs import set_offset_for
 
 pytestmark = pytest.mark.django_db
 
-EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def _utc(ms: int) -> dt.datetime:
@@ -58,7 +58,7 @@ def test_c13_naive_datetime_is_rejected_with_an_error_naming_at(settings):
         ZoneInfo("Asia/Kolkata"),
         ZoneInfo("Australia/Lord_Howe"),
         dt.timezone(dt.timedelta(hours=-9, minutes=-30)),
-        dt.timezone.utc,
+        dt.UTC,
     ],
     ids=str,
 )

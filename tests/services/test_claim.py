@@ -181,7 +181,7 @@ def test_a_retried_job_keeps_its_place_in_line(q, frozen):
     fq.nack(q, job.receipt, delay_ms=100)
     frozen.advance(100)
     # Same priority: the original enqueue order decides, not the time it became eligible again.
-    assert [j.id for j in fq.claim(q, count=2)][0] == first
+    assert fq.claim(q, count=2)[0].id == first
 
 
 # --- concurrency limit ---------------------------------------------------------------------

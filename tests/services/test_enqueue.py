@@ -182,10 +182,10 @@ def test_at_in_the_past_is_ready_now(q, frozen):
     assert claim_one(q).id == job_id
 
 
-@pytest.mark.parametrize("tz", [dt.timezone.utc, dt.timezone(dt.timedelta(hours=5, minutes=30)), dt.timezone(dt.timedelta(hours=-8))])
+@pytest.mark.parametrize("tz", [dt.UTC, dt.timezone(dt.timedelta(hours=5, minutes=30)), dt.timezone(dt.timedelta(hours=-8))])
 def test_at_as_aware_datetime_is_the_right_instant(q, frozen, tz):
     at_ms = frozen.now + 7_000
-    instant = dt.datetime.fromtimestamp(at_ms / 1000, tz=dt.timezone.utc).astimezone(tz)
+    instant = dt.datetime.fromtimestamp(at_ms / 1000, tz=dt.UTC).astimezone(tz)
     assert int(instant.timestamp() * 1000) == at_ms
     job_id = fq.enqueue(q, {}, at=instant).id
     assert fq.get(q, job_id).run_at == at_ms
@@ -223,7 +223,7 @@ def test_at_beyond_ten_years_is_rejected(q, frozen):
     with pytest.raises(InvalidTime) as err:
         fq.enqueue(q, {}, at=frozen.now + validation.MAX_DELAY_MS + 1)
     assert err.value.field == "at"
-    far = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=3660)
+    far = dt.datetime.now(dt.UTC) + dt.timedelta(days=3660)
     with pytest.raises(InvalidTime):
         fq.enqueue(q, {}, at=far)
     assert rows(q)["jobs"] == 1
@@ -534,12 +534,11 @@ def test_rollback_of_the_callers_transaction_leaves_no_job_and_no_token():
     class Boom(Exception):
         pass
 
-    with pytest.raises(Boom):
-        with transaction.atomic():
-            res = fq.enqueue(QUEUE, {"n": 1}, idempotency="tok", unique_key="key")
-            fq.enqueue_many(QUEUE, [{"payload": 2, "idempotency": "tok2"}])
-            assert fq.get(QUEUE, res.id).state == "ready"  # visible inside the transaction
-            raise Boom
+    with pytest.raises(Boom), transaction.atomic():
+        res = fq.enqueue(QUEUE, {"n": 1}, idempotency="tok", unique_key="key")
+        fq.enqueue_many(QUEUE, [{"payload": 2, "idempotency": "tok2"}])
+        assert fq.get(QUEUE, res.id).state == "ready"  # visible inside the transaction
+        raise Boom
 
     assert rows(QUEUE) == {"jobs": 0, "leases": 0, "tokens": 0}
     with pytest.raises(JobNotFound):
@@ -574,10 +573,9 @@ def test_rollback_wakes_no_worker_and_commit_does():
     params.pop("prepare_threshold", None)
     with psycopg.connect(**params, autocommit=True) as listener:
         listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
-        with pytest.raises(RuntimeError):
-            with transaction.atomic():
-                fq.enqueue(QUEUE, {"n": 1})
-                raise RuntimeError
+        with pytest.raises(RuntimeError), transaction.atomic():
+            fq.enqueue(QUEUE, {"n": 1})
+            raise RuntimeError
         assert list(listener.notifies(timeout=0.3)) == []
         fq.enqueue(QUEUE, {"n": 2})
         got = next(listener.notifies(timeout=5), None)

@@ -18,7 +18,7 @@ DAY = 86_400_000
 def test_counts_per_state_are_exact(q):
     fq.enqueue_many(q, [{"payload": n, "delay_ms": 60_000} for n in range(2)])  # scheduled
     fq.enqueue_many(q, [{"payload": n} for n in range(9)])
-    a, b, c, d, e, f = fq.claim(q, count=6)
+    a, b, c, d, e, _f = fq.claim(q, count=6)
     fq.ack(q, a.receipt)
     fq.ack(q, b.receipt)
     fq.nack(q, c.receipt, permanent=True)
@@ -49,7 +49,7 @@ def test_totals(q, frozen):
     ids = [fq.enqueue(q, n, idempotency=f"t{n}").id for n in range(6)]  # enqueued 6
     fq.enqueue(q, 0, idempotency="t0")  # deduplicated 1
     fq.enqueue_many(q, [{"payload": 1, "idempotency": "t1"}, {"payload": 9, "idempotency": "t9"}])  # +1 dup, +1 new
-    j0, j1, j2, j3, j4, j5, j9 = fq.claim(q, count=10, visibility_ms=1000)  # claimed 7
+    j0, j1, j2, j3, j4, _j5, j9 = fq.claim(q, count=10, visibility_ms=1000)  # claimed 7
     fq.ack(q, j0.receipt)  # acked 1
     fq.nack(q, j1.receipt)  # nacked 1 (attempt 1 of 2: back to ready)
     fq.nack(q, j2.receipt, permanent=True)  # nacked 2, dead 1

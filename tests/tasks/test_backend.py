@@ -42,7 +42,7 @@ Q, LOW, OC = "tk.default", "tk.low", "tkc.default"
 
 
 def ms(value: dt.datetime) -> int:
-    return (value - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)) // dt.timedelta(milliseconds=1)
+    return (value - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(milliseconds=1)
 
 
 def job_count(queue: str) -> int:
@@ -90,7 +90,7 @@ def test_enqueue_stores_one_fq_job_carrying_the_task(backend):
     assert result.started_at is result.finished_at is result.last_attempted_at is None
     assert result.errors == [] and result.worker_ids == []
     with pytest.raises(ValueError, match="not finished"):
-        result.return_value
+        _ = result.return_value
 
 
 def test_queue_name_picks_the_fq_queue(backend):
@@ -266,11 +266,10 @@ def test_a_callable_key_receives_the_task_arguments(backend):
 
 
 def test_enqueue_is_part_of_the_callers_transaction(backend):
-    with pytest.raises(RuntimeError):
-        with transaction.atomic():
-            result = sample.add.enqueue(1, 1)
-            assert backend.get_result(result.id).status == TaskResultStatus.READY
-            raise RuntimeError("roll back")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        result = sample.add.enqueue(1, 1)
+        assert backend.get_result(result.id).status == TaskResultStatus.READY
+        raise RuntimeError("roll back")
 
     with pytest.raises(TaskResultDoesNotExist):
         backend.get_result(result.id)
@@ -303,10 +302,9 @@ def test_enqueue_on_commit_writes_the_job_when_the_transaction_commits(signals):
 def test_enqueue_on_commit_rolled_back_writes_nothing(signals):
     add = sample.add.using(backend="oncommit")
 
-    with pytest.raises(RuntimeError):
-        with transaction.atomic():
-            result = add.enqueue(1, 1)
-            raise RuntimeError("roll back")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        result = add.enqueue(1, 1)
+        raise RuntimeError("roll back")
 
     assert job_count(OC) == 0
     with pytest.raises(TaskResultDoesNotExist):
@@ -412,7 +410,7 @@ def test_a_dead_job_is_failed_with_every_attempt(backend):
     ]
     assert dead.errors[2].exception_class is TaskFailed
     with pytest.raises(ValueError, match="failed"):
-        dead.return_value
+        _ = dead.return_value
 
 
 def test_a_cancelled_job_is_failed_with_the_cancel_as_an_error(backend):

@@ -23,8 +23,8 @@ from django_fq import handlers
 from django_fq import services as fq
 from django_fq.tasks import (
     FRAMEWORK,
-    InvalidTaskBackend,
     FqBackend,
+    InvalidTaskBackend,
     TaskResultStatus,
     run_task,
     task_backends,
@@ -105,8 +105,8 @@ def test_every_failed_attempt_is_an_error_with_its_class_path_and_traceback(back
         assert "raise Boom(message)" in error.traceback
         assert error.traceback.rstrip().endswith("tests.tasks.sample.Boom: kaboom")
         assert "[django-fq]" not in error.traceback
-    with pytest.raises(ValueError):
-        failed.return_value
+    with pytest.raises(ValueError, match="failed"):
+        _ = failed.return_value
 
 
 def test_retries_apply_and_the_context_counts_the_attempts(backend):
@@ -260,10 +260,9 @@ def test_a_task_enqueued_on_commit_runs_after_the_commit():
 
 
 def test_a_rolled_back_enqueue_never_runs(backend):
-    with pytest.raises(RuntimeError):
-        with transaction.atomic():
-            sample.record.enqueue("rolled back")
-            raise RuntimeError("roll back")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        sample.record.enqueue("rolled back")
+        raise RuntimeError("roll back")
 
     assert drain().ok == 0
     assert not Done.objects.exists()
@@ -302,7 +301,7 @@ def test_fq_handlers_looks_for_fq_backends_only(settings):
 def test_the_framework_is_djangos_own_from_django_6():
     import django
 
-    assert FRAMEWORK == ("django.tasks" if django.VERSION >= (6, 0) else "django_tasks")
+    assert ("django.tasks" if django.VERSION >= (6, 0) else "django_tasks") == FRAMEWORK
 
 
 # --- the fq_worker command in a child process ---------------------------------------------------

@@ -8,3 +8,6 @@ class Done(models.Model):
 
     job_id = models.CharField(max_length=32, unique=True)
     pid = models.IntegerField(default=0)
+
+    def __str__(self) -> str:
+        return self.job_id

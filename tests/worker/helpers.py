@@ -208,7 +208,7 @@ class LeaseSampler:
                 self.samples.append(live_leases(self.queue))
                 self.running.append(fq.stats(self.queue).counts["running"])
                 time.sleep(self.interval)
-        except BaseException as exc:  # noqa: BLE001 - reported by __exit__
+        except BaseException as exc:
             self.error = exc
         finally:
             connections.close_all()

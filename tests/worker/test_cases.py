@@ -10,6 +10,7 @@ itself; deadlines always come from the database.
 
 from __future__ import annotations
 
+import itertools
 import signal
 import time
 
@@ -151,7 +152,7 @@ def test_c07_concurrency_limit_holds_across_a_dead_holder_and_its_late_ack(worke
     with LeaseSampler(Q) as sampler:
         w2 = workers(f"--queue={Q}", "--concurrency=4", "--worker-id=w2", *FAST)
         # Once J1's lease expires W2 may take one job, and only one, although it has 4 free slots.
-        [first] = events.wait_for("start", timeout=20)
+        [_first] = events.wait_for("start", timeout=20)
         time.sleep(0.3)
         assert len(events.of("start")) == 1
         assert fq.stats(Q).counts["running"] == 1
@@ -173,7 +174,7 @@ def test_c07_concurrency_limit_holds_across_a_dead_holder_and_its_late_ack(worke
     # Handler runs never overlapped.
     runs = sorted((s["t"], e["t"]) for s in events.of("start") for e in events.of("end") if e["id"] == s["id"])
     assert len(runs) == 3
-    assert all(later[0] >= earlier[1] for earlier, later in zip(runs, runs[1:]))
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(runs))
     j1 = fq.get(Q, ids[0])
     assert j1.attempts == 2 and [e["kind"] for e in j1.errors] == ["expired"]
     assert fq.stats(Q).totals["acked"] == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import pty
 import re
@@ -115,7 +116,7 @@ def test_idle_worker_is_woken_by_an_enqueue_long_before_its_poll_interval(worker
     time.sleep(0.5)  # its first claim round found nothing: it now sleeps up to 5 s
     for n in range(3):
         job = fq.enqueue(Q, {"events": events.path, "n": n}).id
-        wait_until(lambda: fq.get(Q, job).state == "succeeded", timeout=10, what="the pickup")
+        wait_until(lambda job=job: fq.get(Q, job).state == "succeeded", timeout=10, what="the pickup")
         info = fq.get(Q, job)
         assert info.claimed_at - info.enqueued_at < 1000, "picked up by polling, not by the notification"
         time.sleep(0.2)
@@ -129,7 +130,7 @@ def test_idle_polling_backs_off_to_its_cap_and_resets_when_work_is_found(workers
     waits = [float(m) for m in re.findall(r"worker.idle .*wait_s=([0-9.]+)", worker.stderr)]
     # Each idle pause repeats the last (woken early, e.g. by the listener connecting) or doubles it.
     assert waits[0] == 0.02 and sorted(set(waits)) == [0.02, 0.04, 0.08, 0.16]
-    assert all(b in (a, 2 * a) for a, b in zip(waits, waits[1:]))
+    assert all(b in (a, 2 * a) for a, b in itertools.pairwise(waits))
     mark = len(worker.lines)
     job = fq.enqueue(Q, {"events": events.path}).id
     wait_until(lambda: fq.get(Q, job).state == "succeeded", what="the job")
