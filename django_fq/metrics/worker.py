@@ -61,7 +61,7 @@ class MetricsWorker(Worker):
         install()
 
     def run(self):
-        """Serve as :meth:`Worker.run` does, marked up (``fq_worker_up`` 1) meanwhile."""
+        """Serve as :meth:`Worker.run` does, marked up (``fq_worker_up`` 1) until a stop is requested or it returns."""
         global _current
         with _lock:
             _current = self
@@ -71,6 +71,11 @@ class MetricsWorker(Worker):
             return super().run()
         finally:
             self.serving = False
+
+    def request_stop(self, reason: str = "stopped") -> None:
+        """Stop as :meth:`Worker.request_stop` does; ``fq_worker_up`` turns 0 at once (no more claims)."""
+        self.serving = False
+        super().request_stop(reason)
 
     def claim_into(self, queue: str, count: int) -> int:
         """Claim as :meth:`Worker.claim_into` does; count the jobs and beat the heartbeat (the database answered)."""
@@ -115,7 +120,10 @@ class WorkerCollector:
 
     def collect(self):
         worker = _current
-        up = GaugeMetricFamily("fq_worker_up", "1 while this process's worker serves its queues, 0 before and after.")
+        up = GaugeMetricFamily(
+            "fq_worker_up",
+            "1 while this process's worker claims jobs; 0 before it starts and once it stops (draining included).",
+        )
         up.add_metric([], 1 if worker is not None and worker.serving else 0)
         yield up
         if worker is None:

@@ -248,3 +248,17 @@ def test_exit_statuses_of_the_real_command_line(clock):
     assert done.returncode == 2 and done.stdout.startswith("CRITICAL: ")
     bad = cli("--max-dead", "x")
     assert bad.returncode == 3 and "invalid int value" in bad.stderr
+
+
+def test_a_database_error_is_unknown_not_a_traceback(monkeypatch):
+    from django.db import OperationalError
+
+    def broken(queue, stuck_lease_ms):
+        raise OperationalError("could not connect to server: Connection refused\nIs the server running?")
+
+    monkeypatch.setattr(health, "_read", broken)
+    r = run()
+    assert r.code == 3
+    assert r.err.strip() == "fq health: error: database error: could not connect to server: Connection refused"
+    r = run("--json")
+    assert r.code == 3 and json.loads(r.err)["message"].startswith("database error: could not connect")

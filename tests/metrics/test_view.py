@@ -31,6 +31,7 @@ def scrape(**headers) -> dict:
     response = Client().get("/metrics/", HTTP_AUTHORIZATION=f"Bearer {TOKEN}", **headers)
     assert response.status_code == 200, response.content
     assert response["Content-Type"].startswith("text/plain; version=")
+    assert "no-cache" in response["Cache-Control"]
     return samples(response.content.decode())
 
 

@@ -89,18 +89,22 @@ def test_a_worker_process_reports_what_it_did(workers):
 
 
 def test_a_busy_thread_and_the_job_in_hand_show_while_the_handler_runs(workers, events, gate):
-    proc = workers("--queue=t.ctl", "--concurrency=3", "--metrics-port=0", *FAST)
+    proc = workers("--queue=t.ctl", "--concurrency=3", "--grace=60", "--metrics-port=0", *FAST)
     port = port_of(proc)
     job = fq.enqueue("t.ctl", {"events": events.path, "gate": str(gate)}).id
     events.wait_for("start", job)
     found = scrape(port)
     assert value(found, "fq_worker_threads_busy") == 1
     assert value(found, "fq_worker_jobs_in_hand") == 1
+    assert value(found, "fq_worker_up") == 1
+    proc.signal(signal.SIGTERM)  # drains: the job may finish, nothing new is claimed
+    proc.wait_for(r"worker.draining ")
+    draining = scrape(port)
+    assert value(draining, "fq_worker_up") == 0
+    assert value(draining, "fq_worker_threads_busy") == 1
     gate.write_text("open")
-    wait_until(lambda: fq.get("t.ctl", job).state == "succeeded", what="the gated job")
-    wait_until(lambda: value(scrape(port), "fq_worker_threads_busy") == 0, what="the thread to be free")
-    proc.signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0, proc.stderr
+    assert fq.get("t.ctl", job).state == "succeeded"
 
 
 def free_ports(n: int) -> int:
