@@ -75,10 +75,10 @@ lint: tools-venv
 	exit $$rc
 
 docs: tools-venv
-	.venv-tools/bin/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 .venv-tools/bin/mkdocs build --strict --site-dir site
 
 docs-serve: tools-venv
-	.venv-tools/bin/mkdocs serve --dev-addr $(DOCS_ADDR)
+	NO_MKDOCS_2_WARNING=1 .venv-tools/bin/mkdocs serve --dev-addr $(DOCS_ADDR)
 
 package-check: tools-venv
 	@PYTHON=.venv-tools/bin/python scripts/package-check.sh
