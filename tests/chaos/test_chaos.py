@@ -1,0 +1,86 @@
+"""The chaos scenarios at CI size (slow tier): each must keep every invariant and report no problem.
+
+CI sizes (both database legs of ``make test-slow`` together stay around five
+minutes): kill storm 1,000 jobs, stress 20 s, database restart 20 s,
+partition one round, SQLite busy writer 1,000 jobs. ``FQ_CHAOS_JOBS`` and
+``FQ_CHAOS_SECONDS`` scale them up for a longer local run; ``make chaos``
+runs the full sizes (20,000 jobs, 2 minutes) on a fresh database.
+Each test prints its summary line (``pytest -s`` shows it).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.db import connection
+
+from . import invariants, netns, scenarios
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+JOBS = int(os.environ.get("FQ_CHAOS_JOBS", "1000"))
+SECONDS = float(os.environ.get("FQ_CHAOS_SECONDS", "20"))
+
+
+@pytest.fixture
+def out(tmp_path):
+    yield tmp_path
+    try:
+        invariants.uninstall(connection)
+    except Exception:  # noqa: BLE001 - a restart may have left the connection broken
+        connection.close()
+        invariants.uninstall(connection)
+
+
+def _passed(outcome: scenarios.Outcome) -> None:
+    print(outcome.line())
+    assert outcome.ok, outcome.describe()
+    assert outcome.report.lost == 0 and outcome.report.overlaps == 0
+
+
+def test_kill_storm_loses_nothing_and_keeps_every_invariant(out):
+    outcome = scenarios.kill_storm(out, jobs=JOBS, workers=4)
+    _passed(outcome)
+    r = outcome.report
+    assert r.jobs == r.succeeded == JOBS
+    assert outcome.kills >= 3 and outcome.restarts == outcome.kills
+    assert r.unrecorded_runs + r.duplicates > 0  # the kills did land mid-lease
+
+
+def test_stress_no_database_error_reaches_a_caller(out):
+    outcome = scenarios.stress(out, seconds=SECONDS)
+    _passed(outcome)
+    r = outcome.report
+    assert r.jobs > 100 and r.succeeded > 0 and r.pruned > 0 and r.extends > 0
+    assert outcome.notes["fq_errors"].get("invalid_receipt", 0) > 0  # late acks of abandoned/short leases were refused
+
+
+@pytest.mark.postgres_only
+def test_postgres_restarted_twice_producers_and_workers_recover(out):
+    if scenarios._pg_cluster() is None:
+        pytest.skip("needs a Debian-style PostgreSQL cluster (pg_ctlcluster)")
+    outcome = scenarios.db_restart(out, seconds=SECONDS, restarts=2)
+    _passed(outcome)
+    assert outcome.restarts == 2
+    assert outcome.report.jobs > 0 and outcome.notes["worker_db_errors"] >= 2  # every worker saw the outage
+
+
+@pytest.mark.postgres_only
+def test_partitioned_worker_is_refused_and_carries_on(out):
+    reason = netns.unavailable()
+    if reason:
+        pytest.skip(reason)
+    outcome = scenarios.partition(out, lease_ms=2000, rounds=1, followups=20)
+    _passed(outcome)
+    assert outcome.notes["stale_acks_refused"] == 1
+    assert outcome.report.zombie_overlaps >= 1  # J2 ran on past its lease, and was told
+    assert outcome.report.duplicates >= 2  # J1 and J2 each ran twice, the first run's outcome refused
+
+
+@pytest.mark.sqlite_only
+def test_sqlite_busy_writer_never_sees_locked_database(out):
+    outcome = scenarios.sqlite_writer(out, jobs=JOBS, workers=4)
+    _passed(outcome)
+    assert outcome.report.succeeded == JOBS
+    assert outcome.notes["writer_transactions"] > 10
