@@ -150,6 +150,28 @@ def relax_commit(conn) -> None:
         cur.execute("SET LOCAL synchronous_commit = off")
 
 
+def hot_cursor(conn):
+    """A cursor for the statements run on every job (enqueue, claim, ack), as a context manager.
+
+    On PostgreSQL it binds parameters on the server, so psycopg prepares a
+    statement after it has run ``prepare_threshold`` times on the connection
+    (psycopg's default 5) and PostgreSQL stops planning it on every call
+    (planning these CTE statements costs about as much as running them).
+    Setting ``OPTIONS = {"prepare_threshold": None}`` on the database turns
+    prepared statements off, as PgBouncer in transaction mode before 1.21
+    needs. Django's cursor wrappers still apply (error translation, query
+    logging with ``DEBUG``, ``execute_wrapper``). Elsewhere: ``conn.cursor()``.
+    """
+    if conn.vendor != "postgresql":
+        return conn.cursor()
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    conn.ensure_connection()
+    with conn.wrap_database_errors:
+        raw = ServerBindingCursor(conn.connection)
+    return conn._prepare_cursor(raw)
+
+
 def notify(conn, queue_name: str) -> None:
     """Wake idle workers of ``queue_name``; PostgreSQL only, delivered at commit, dropped on rollback."""
     if conn.vendor == "postgresql":

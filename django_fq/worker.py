@@ -943,10 +943,11 @@ class Worker:
         """
         if outcome.kind != "ok" or running.state.lost_reason() is not None:
             return False
-        try:
-            validation.json_text(outcome.result, "result")
-        except (InvalidJson, PayloadTooLarge):
-            return False  # settle() turns it into a failed attempt with a clear error
+        if outcome.result is not None:
+            try:
+                validation.json_text(outcome.result, "result")
+            except (InvalidJson, PayloadTooLarge):
+                return False  # settle() turns it into a failed attempt with a clear error
         if not self._take(running):
             return False  # released at shutdown meanwhile; settle() sees that too
         self._acks.put((seq, running, outcome))

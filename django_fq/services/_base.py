@@ -43,33 +43,43 @@ _QUEUE_COLUMNS = tuple(
 )
 
 
-def get_queue(name: str) -> Queue:
+def get_queue(name: str, *, lock: bool = False) -> Queue:
     """The queue row named ``name``; :class:`QueueNotFound` if there is none. Never creates.
 
     One hand-written SELECT: every verb starts here, so it stays off the ORM's
-    query compiler.
+    query compiler. ``lock=True`` (paths that insert jobs) holds the row
+    ``FOR KEY SHARE`` on PostgreSQL until the transaction ends, so
+    :func:`~django_fq.services.delete_queue` waits for the jobs to commit and
+    deletes them too (jobs have no database-level foreign key to their queue).
     """
     validation.queue_name(name)
-    with db.connection().cursor() as cur:
-        cur.execute(f"SELECT {', '.join(_QUEUE_COLUMNS)} FROM {QUEUE} WHERE name = %s", [name])
+    conn = db.connection()
+    suffix = " FOR KEY SHARE" if lock and conn.vendor == "postgresql" else ""
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT {', '.join(_QUEUE_COLUMNS)} FROM {QUEUE} WHERE name = %s{suffix}", [name])
         row = cur.fetchone()
     if row is None:
         raise QueueNotFound(f"no such queue: {name}", field="queue")
     return Queue.from_db(conf.database(), list(_QUEUE_COLUMNS), list(row))
 
 
-def get_or_create_queue(name: str) -> Queue:
-    """The queue row named ``name``, created with the default policy if missing (race-safe)."""
-    try:
-        return get_queue(name)
-    except QueueNotFound:
-        pass
-    try:
-        with transaction.atomic(using=conf.database()):
-            manager(Queue).create(name=name, created_at=db.DbNow())
-    except IntegrityError:
-        pass  # created concurrently
-    return get_queue(name)
+def get_or_create_queue(name: str, *, lock: bool = False) -> Queue:
+    """The queue row named ``name``, created with the default policy if missing (race-safe).
+
+    ``lock``: as for :func:`get_queue`.
+    """
+    for _ in range(5):
+        try:
+            return get_queue(name, lock=lock)
+        except QueueNotFound:
+            pass
+        try:
+            with transaction.atomic(using=conf.database()):
+                manager(Queue).create(name=name, created_at=db.DbNow())
+        except IntegrityError:
+            continue  # created concurrently (and maybe deleted again since): look again
+        return get_queue(name, lock=lock)
+    raise QueueNotFound(f"queue {name} is being created and deleted concurrently; try again", field="queue")
 
 
 def policy_of(q: Queue) -> QueuePolicy:

@@ -96,7 +96,7 @@ def _claim_round(queue: str, count: int, visibility_ms: int | None, worker: str)
         q = get_queue(queue)
         return db.retrying(_claim_once, q.id, queue, count, visibility_ms or q.visibility_ms, worker)
     now = db.now_sql(conn)
-    with conn.cursor() as cur:
+    with db.hot_cursor(conn) as cur:
         # One round trip: the queue, and whether any of its leases has expired.
         cur.execute(
             f"SELECT q.id, q.concurrency, q.visibility_ms, EXISTS (SELECT 1 FROM {LEASE} l "
@@ -135,7 +135,7 @@ taken AS (
         j.enqueued_at, j.run_at, j.timeout_ms, j.claimed_at, ranked.rn),
 leases AS (
     INSERT INTO {lease} (job_id, queue_id, generation, receipt_hash, claimed_at, deadline, timeout_at, worker)
-    SELECT seq, %(q)s, generation, (%(hashes)s::text[])[rn], claimed_at,
+    SELECT seq, %(q)s, generation, (%(hashes)b::text[])[rn], claimed_at,
         CASE WHEN timeout_ms > 0 THEN LEAST(claimed_at + %(vis)s, claimed_at + timeout_ms)
              ELSE claimed_at + %(vis)s END,
         CASE WHEN timeout_ms > 0 THEN claimed_at + timeout_ms END, %(w)s
@@ -164,7 +164,7 @@ def _claim_pg(queue_id: int, queue: str, count: int, vis: int, worker: str) -> l
     # relaxes just that transaction's commit (see db.relaxed_commit).
     relax = " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed" if db.relaxed_commit(conn) else ""
     sql = _CLAIM_PG.format(now=db.now_sql(conn), relax=relax, job=JOB, lease=LEASE, counter=COUNTER)
-    with conn.cursor() as cur:
+    with db.hot_cursor(conn) as cur:
         cur.execute(
             sql,
             {
@@ -340,20 +340,35 @@ def ack_many(queue: str, acks: Iterable[tuple[str, object]]) -> list[SettleResul
 
 def _ack(queue: str, items: list[tuple[str, str | None, str]]) -> list:
     """Settle ``(receipt, result_text, args_digest)`` items as succeeded, in one transaction."""
+    if db.is_postgres():
+        results = db.retrying(_ack_matching_pg, queue, items, atomic=False)
+        rest = [i for i, r in enumerate(results) if r is None]
+        if rest:
+            # Replays, stale or forged receipts, expired leases, a missing queue: judged one by one.
+            judged = _ack_judged(queue, [items[i] for i in rest])
+            for i, outcome in zip(rest, judged):
+                results[i] = outcome
+        return _replay_repeats(items, results)
+    return _replay_repeats(items, _ack_judged(queue, items))
+
+
+def _ack_judged(queue: str, items: list[tuple[str, str | None, str]]) -> list:
+    """Ack ``items`` in one transaction, judging each receipt (replay, expired, stale, forged)."""
     q = get_queue(queue)
 
     requests = [(r, "ack", args) for r, _, args in items]
 
     relaxed = db.relaxed_commit(db.connection())
 
-    def apply_pg():
+    def apply_pg_for(items):
+        requests = [(r, "ack", args) for r, _, args in items]
         conn = db.connection()
         if relaxed:
             db.relax_commit(conn)
         found = _locked_leases(conn, q.id, requests, judge=False)
         live = [(i, lease) for i, lease in enumerate(found) if isinstance(lease, dict)]
         if live:
-            with conn.cursor() as cur:
+            with db.hot_cursor(conn) as cur:
                 cur.execute(
                     _ACK_PG.format(now=db.now_sql(conn), job=JOB, lease=LEASE, counter=COUNTER),
                     {
@@ -372,7 +387,7 @@ def _ack(queue: str, items: list[tuple[str, str | None, str]]) -> list:
         ]
 
     if db.is_postgres():
-        return _replay_repeats(items, db.retrying(apply_pg))
+        return db.retrying(apply_pg_for, items)
 
     def apply():
         conn = db.connection()
@@ -400,7 +415,7 @@ def _ack(queue: str, items: list[tuple[str, str | None, str]]) -> list:
             SettleResult(id=lease["uid"], state="succeeded") if isinstance(lease, dict) else lease for lease in found
         ]
 
-    return _replay_repeats(items, db.retrying(apply))
+    return db.retrying(apply)
 
 
 def _replay_repeats(items: list[tuple[str, str | None, str]], results: list) -> list:
@@ -416,6 +431,93 @@ def _replay_repeats(items: list[tuple[str, str | None, str]], results: list) -> 
 
 
 _ACKED_JSON = '{"state":"succeeded","run_at":null}'
+
+
+def _ack_matching_pg(queue: str, items: list[tuple[str, str | None, str]]) -> list:
+    """PostgreSQL: ack in one statement every item whose receipt matches a live lease.
+
+    Returns per item a :class:`SettleResult`, or ``None`` for an item this
+    statement did not settle (malformed, stale or forged receipt, expired
+    lease, repeat, replay); the caller judges those one by one. A receipt
+    matches when its job, generation and secret hash equal the lease's; the
+    secret hashes are compared by the database, which learns nothing about a
+    secret from how much of its SHA-256 digest matched. The time that decides
+    "still live" is read after every lease lock is granted (SPEC: a lease is
+    valid strictly before its deadline). Outside the caller's transaction the
+    statement commits on its own, without waiting for the WAL flush
+    (:func:`django_fq.db.relaxed_commit`).
+    """
+    conn = db.connection()
+    fast: dict[tuple[str, int, str], int] = {}
+    for i, (receipt, _, _) in enumerate(items):
+        parsed = receipts.parse(receipt)
+        if parsed is not None:
+            fast.setdefault((parsed.job_id, parsed.generation, parsed.secret_hash), i)
+    out: list = [None] * len(items)
+    if not fast:
+        return out
+    relax = ", (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed" if db.relaxed_commit(conn) else ""
+    sql = _ACK_MATCHING_PG.format(
+        now=db.now_sql(conn), relax=relax, queue=QUEUE, job=JOB, lease=LEASE, counter=COUNTER
+    )
+    keys = list(fast)
+    with db.hot_cursor(conn) as cur:
+        cur.execute(
+            sql,
+            {
+                "queue": queue,
+                "uids": [k[0] for k in keys],
+                "gens": [k[1] for k in keys],
+                "hashes": [k[2] for k in keys],
+                "results": [items[fast[k]][1] for k in keys],
+                "args": [items[fast[k]][2] for k in keys],
+            },
+        )
+        acked = {r[0] for r in cur.fetchall()}
+    for key, i in fast.items():
+        if key[0] in acked:
+            out[i] = SettleResult(id=key[0], state="succeeded")
+    return out
+
+
+# The common ack on PostgreSQL as one statement: lock the leases the receipts
+# name (in job order), read the clock once the locks are held, end the leases
+# still live then, mark their jobs succeeded and add to the counters.
+_ACK_MATCHING_PG = (
+    """
+WITH q AS (SELECT id FROM {queue} WHERE name = %(queue)s),
+r AS (
+    SELECT * FROM unnest(%(uids)b::text[], %(gens)b::bigint[], %(hashes)b::text[], %(results)b::text[],
+        %(args)b::text[]) AS r(uid, gen, hash, result, args)),
+locked AS (
+    SELECT l.job_id, r.uid, r.result, r.args
+    FROM r JOIN {job} j ON j.uid = r.uid JOIN {lease} l ON l.job_id = j.seq
+    WHERE l.queue_id = (SELECT id FROM q) AND l.generation = r.gen AND l.receipt_hash = r.hash
+    ORDER BY l.job_id FOR UPDATE OF l),
+c AS (SELECT {now} AS t FROM (SELECT COUNT(*) FROM locked) AS after_locks{relax}),
+gone AS (
+    DELETE FROM {lease} l USING locked, c WHERE l.job_id = locked.job_id AND l.deadline > c.t
+    RETURNING l.job_id, l.claimed_at, l.receipt_hash),
+done AS (
+    UPDATE {job} j SET state = 'succeeded', result = locked.result, settled_hash = gone.receipt_hash,
+        settled_args = locked.args, settled_op = 'ack', settled_outcome = '"""
+    + _ACKED_JSON.replace("{", "{{").replace("}", "}}")
+    + """',
+        finished_at = c.t, changed_at = c.t
+    FROM gone JOIN locked ON locked.job_id = gone.job_id CROSS JOIN c WHERE j.seq = gone.job_id),
+totals AS (SELECT COUNT(*) AS k, COALESCE(SUM(GREATEST(0, c.t - gone.claimed_at)), 0) AS run FROM gone, c),
+shard AS (
+    UPDATE {counter} s SET acked = s.acked + totals.k, active = s.active - totals.k,
+        run_ms_sum = s.run_ms_sum + totals.run, run_count = s.run_count + totals.k
+    FROM totals WHERE totals.k > 0
+        AND s.id = (SELECT id FROM {counter} WHERE queue_id = (SELECT id FROM q) LIMIT 1 FOR UPDATE SKIP LOCKED)
+    RETURNING s.id),
+spare AS (
+    INSERT INTO {counter} (queue_id, acked, active, run_ms_sum, run_count)
+    SELECT (SELECT id FROM q), k, -k, run, k FROM totals WHERE k > 0 AND NOT EXISTS (SELECT 1 FROM shard))
+SELECT locked.uid FROM gone JOIN locked ON locked.job_id = gone.job_id
+"""
+)
 
 # Ack on PostgreSQL in one statement, under the lease locks the transaction
 # already holds: end the leases still live now, mark their jobs succeeded,
@@ -597,7 +699,7 @@ def _locked_leases(conn, queue_id: int, requests: list[tuple[str, str, str | Non
         now = db.now_sql(conn)
         columns = "l.job_id, l.generation, l.receipt_hash, l.claimed_at, l.deadline, l.timeout_at, l.worker, j.uid"
         match = f"FROM {LEASE} l JOIN {JOB} j ON j.seq = l.job_id WHERE l.queue_id = %s AND j.uid = ANY(%s)"
-        with conn.cursor() as cur:
+        with db.hot_cursor(conn) as cur:
             if db.is_postgres(conn):
                 # Lock first, then judge the deadline: a verdict computed while
                 # waiting for the lock would be stale once the lock is granted.
@@ -636,19 +738,39 @@ def _locked_leases(conn, queue_id: int, requests: list[tuple[str, str, str | Non
 
 def settle_digest(op: str, *args) -> str:
     """A short digest of a settle's operation and arguments, to recognise an exact repeat."""
+    if args == (None,):  # an ack without a result: the same digest every time
+        found = _BARE_DIGESTS.get(op)
+        if found is None:
+            found = _BARE_DIGESTS[op] = _digest(op, None)
+        return found
+    return _digest(op, *args)
+
+
+_BARE_DIGESTS: dict[str, str] = {}
+
+
+def _digest(op: str, *args) -> str:
     raw = json.dumps([op, *args], separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(raw.encode("utf-8", "replace")).hexdigest()[:32]
 
 
 def _replay_or_error(conn, queue_id: int, parsed, op: str, args: str | None):
-    """The replay :class:`SettleResult` of an exact repeat, else the error to raise."""
+    """The replay :class:`SettleResult` of an exact repeat, else the error to raise.
+
+    The settle recorded on the job is that of its newest ended lease: lease
+    ``generation`` when none is live, the one before while a newer lease is
+    held. A receipt naming another generation is not a repeat, even with the
+    right secret (its generation was edited): it is invalid.
+    """
     with conn.cursor() as cur:
         cur.execute(
-            f"SELECT settled_hash, settled_op, settled_args, settled_outcome FROM {JOB} WHERE uid = %s AND queue_id = %s",
+            f"SELECT j.settled_hash, j.settled_op, j.settled_args, j.settled_outcome, j.generation - CASE WHEN "
+            f"EXISTS (SELECT 1 FROM {LEASE} l WHERE l.job_id = j.seq) THEN 1 ELSE 0 END "
+            f"FROM {JOB} j WHERE j.uid = %s AND j.queue_id = %s",
             [parsed.job_id, queue_id],
         )
         row = cur.fetchone()
-    if row and receipts.matches(row[0], parsed.secret_hash):
+    if row and row[4] == parsed.generation and receipts.matches(row[0], parsed.secret_hash):
         if row[1] == "cancel":
             return ReceiptCancelled(field="receipt")
         if row[1] == op and args is not None and row[2] == args:

@@ -100,6 +100,10 @@ def delete_queue(queue: str) -> None:
         conn = db.connection()
         q = get_queue(queue)
         with conn.cursor() as cur:
+            if conn.vendor == "postgresql":
+                # Enqueues hold the queue row FOR KEY SHARE until they commit: wait for
+                # them, and stop new ones, so the DELETE below sees every job.
+                cur.execute(f"SELECT id FROM {QUEUE} WHERE id = %s FOR UPDATE", [q.id])
             # Jobs first: a claim in flight holds some job rows, so this waits for it to
             # commit, and the leases it wrote are then seen (and deleted) by the next statement.
             for table in (JOB, LEASE, TOKEN, COUNTER):

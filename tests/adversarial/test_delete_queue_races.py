@@ -27,32 +27,75 @@ enqueue_module = importlib.import_module("django_fq.services.enqueue")
 leases_module = importlib.import_module("django_fq.services.leases")
 
 
-def test_enqueue_racing_delete_queue_raises_no_raw_integrity_error(monkeypatch):
-    """The queue is deleted (and committed) between enqueue's queue lookup and its commit.
+def test_delete_queue_waits_for_an_enqueue_in_flight_and_deletes_its_job(monkeypatch):
+    """delete_queue starts between enqueue's queue lookup and its commit (the general path).
 
-    Today the job insert keeps the deleted queue's id and the deferred foreign key
-    check fails at commit: django.db.IntegrityError escapes enqueue.
+    The enqueue holds the queue row FOR KEY SHARE, so delete_queue waits for it
+    to commit and then deletes its job too: no error on either side, and no job
+    outlives its queue (jobs have no database-level foreign key to it).
     """
     q = "adv.del.enqueue"
     fq.configure(q)
+    qid = Queue.objects.get(name=q).id
     real_lookup = enqueue_module.get_or_create_queue
-    fired = []
+    deleting: list[Background] = []
 
-    def lookup_then_delete(name):
-        found = real_lookup(name)
-        if not fired:
-            fired.append(run_elsewhere(lambda: fq.delete_queue(name)))
+    def lookup_then_delete(name, **kw):
+        found = real_lookup(name, **kw)
+        if not deleting:
+            deleting.append(Background(lambda: fq.delete_queue(name)).start())
+            wait_for_lock_waiter(1, thread=deleting[0])  # delete_queue is blocked on our lock
         return found
 
     monkeypatch.setattr(enqueue_module, "get_or_create_queue", lookup_then_delete)
+    # A unique key takes the general path (the plain path is one statement, tested below).
+    result = fq.enqueue(q, {"n": 1}, unique_key="k")
+    assert result.created
+    assert deleting[0].join().error is None, deleting[0].error
+    assert not Queue.objects.filter(name=q).exists()
+    assert not Job.objects.filter(queue_id=qid).exists()
+
+
+def test_plain_enqueues_racing_delete_queue_leave_no_orphan_job():
+    """One-statement enqueues from 4 threads while delete_queue runs again and again.
+
+    Every enqueue either lands in a queue that exists at the end, or in one that
+    delete_queue deleted together with its jobs; none raises a database error.
+    """
+    import threading
+    import time
+
+    q = "adv.del.plain"
+    fq.configure(q)
+    stop = threading.Event()
+    workers = [Background(lambda: _enqueue_until(q, stop)) for _ in range(4)]
+    for w in workers:
+        w.start()
     try:
-        result = fq.enqueue(q, {"n": 1})
-    except FqError:
-        result = None  # a clear error is acceptable; a raw database error is not
-    assert fired and fired[0].error is None, fired[0].error
-    if result is not None:
-        # Accepted: the job must then really exist (in a re-created queue).
-        assert fq.get(q, result.id).payload == {"n": 1}
+        for _ in range(15):
+            try:
+                fq.delete_queue(q)
+            except QueueNotFound:
+                pass
+            time.sleep(0.01)
+    finally:
+        stop.set()
+    for w in workers:
+        assert w.join().error is None, w.error
+        assert w.value > 0
+    live = set(Queue.objects.values_list("id", flat=True))
+    assert set(Job.objects.values_list("queue_id", flat=True)) <= live
+    if Queue.objects.filter(name=q).exists():
+        stats = fq.stats(q)
+        assert stats.counts["ready"] == Job.objects.filter(queue__name=q).count()
+
+
+def _enqueue_until(q: str, stop) -> int:
+    done = 0
+    while not stop.is_set():
+        fq.enqueue(q, {"n": done})
+        done += 1
+    return done
 
 
 def test_delete_queue_while_a_claim_is_in_flight_raises_no_raw_integrity_error(monkeypatch):
