@@ -10,6 +10,8 @@
 #   make bench       benchmark suite on PostgreSQL + SQLite (docs/performance.md);
 #                    BENCH_ARGS="--with-anchors" adds the other Django queues
 #   make bench-quick the same in quick mode (< 3 min; a smoke test, not results)
+#   make chaos       fault and load scenarios (kill storm, PostgreSQL restart, partition,
+#                    stress, SQLite busy writer) on fresh databases (docs/reliability.md)
 #   make lint        ruff check and mypy (django-stubs) on django_fq, in .venv-tools
 #   make docs        build the documentation site into site/ (mkdocs build --strict)
 #   make docs-serve  the documentation site with live reload on DOCS_ADDR (127.0.0.1:8001)
@@ -33,11 +35,11 @@ SLOW_LEGS ?= dj52-sqlite dj52-postgres
 TOOLS_EXTRAS := lint,docs,package,postgres,tasks
 DOCS_ADDR ?= 127.0.0.1:8001
 
-.PHONY: help demo test test-quick test-slow venv venvs clean bench bench-quick \
+.PHONY: help demo test test-quick test-slow venv venvs clean bench bench-quick chaos \
 	tools-venv lint docs docs-serve package-check
 
 help:
-	@sed -n '3,21p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,23p' Makefile | sed 's/^# \{0,1\}//'
 
 venv:
 	@scripts/venv.sh .venv 3.11
@@ -63,6 +65,11 @@ bench: venv
 
 bench-quick: venv
 	.venv/bin/python bench/run.py --quick $(BENCH_ARGS)
+
+# CHAOS_ARGS="--scenario kill-storm --db postgres --minutes 30" picks, sizes or soaks.
+# The db-restart scenario restarts the local PostgreSQL cluster (every session ends).
+chaos: venv
+	.venv/bin/python -m tests.chaos.run $(CHAOS_ARGS)
 
 tools-venv:
 	@FQ_VENV_EXTRAS=$(TOOLS_EXTRAS) scripts/venv.sh .venv-tools 3.12 "$(DJ6)"
