@@ -11,6 +11,8 @@ django_fq.E004     SQLite file database not in WAL mode (several worker processe
 django_fq.W001     SQLite ``transaction_mode`` is not ``IMMEDIATE``: the caller's own
                    transactions that enqueue may fail with "database is locked"
 django_fq.W002     SQLite without an explicit busy timeout (``OPTIONS["timeout"]``)
+django_fq.W003     ``FQ_DATABASE`` is not where Django's database routers send django-fq's
+                   models (add ``django_fq.routers.FqRouter`` to ``DATABASE_ROUTERS``)
 =================  ===================================================================
 """
 
@@ -40,6 +42,8 @@ def check_settings(app_configs=None, **kwargs):
         value = conf.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             errors.append(Error(f"{name} must be a positive integer.", id="django_fq.E003"))
+    if conf.database() in settings.DATABASES:
+        errors += _check_routing()
     db = settings.DATABASES.get(conf.database(), {})
     if db.get("ENGINE", "").endswith("sqlite3"):
         options = db.get("OPTIONS", {})
@@ -61,6 +65,31 @@ def check_settings(app_configs=None, **kwargs):
                 )
             )
     return errors
+
+
+def _check_routing() -> list:
+    """W003: Django's own queries on django-fq's models (admin filters, migrations) must reach ``FQ_DATABASE``."""
+    from django.db import router
+
+    from .models import Queue
+
+    alias = conf.database()
+    routed = {router.db_for_read(Queue), router.db_for_write(Queue)}
+    migrates = router.allow_migrate_model(alias, Queue)
+    if routed == {alias} and migrates:
+        return []
+    return [
+        Warning(
+            f"FQ_DATABASE is {alias!r}, but the database routers send django-fq's models to "
+            f"{', '.join(map(repr, sorted(routed)))}"
+            + ("" if migrates else f" and do not migrate them on {alias!r}")
+            + ".",
+            hint="Add 'django_fq.routers.FqRouter' to DATABASE_ROUTERS (see docs/how-to/separate-database.md). "
+            "django-fq's own queries use FQ_DATABASE; Django's admin filters, model forms and "
+            "migrations follow the routers.",
+            id="django_fq.W003",
+        )
+    ]
 
 
 @register(Tags.database)
