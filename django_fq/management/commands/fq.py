@@ -22,6 +22,7 @@ import functools
 import json
 import sys
 from dataclasses import asdict
+from typing import IO, cast
 
 from django.core.management.base import BaseCommand
 from django.db import OperationalError, ProgrammingError
@@ -506,7 +507,9 @@ class Command(BaseCommand):
             if to_file:
                 res = backup.export_to_path(o["output"], o["queues"] or None, progress=bar)
             else:
-                res = backup.export_jsonl(self.stdout._out, o["queues"] or None, progress=bar)
+                # The raw stream under Django's OutputWrapper (which would add line endings).
+                out = cast(IO[str], self.stdout._out)
+                res = backup.export_jsonl(out, o["queues"] or None, progress=bar)
         finally:
             if bar is not None:
                 bar.close()
@@ -623,7 +626,7 @@ def _when(ms) -> str:
     if ms is None:
         return "-"
     try:
-        iso = dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc).isoformat(timespec="milliseconds")
+        iso = dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec="milliseconds")
     except (OverflowError, OSError, ValueError):
         return str(ms)
     return f"{ms} ({iso.replace('+00:00', 'Z')})"
@@ -647,4 +650,4 @@ def _pairs(rows, indent: str = "") -> str:
 def _table(head: list, body: list) -> str:
     cells = [[str(c) for c in row] for row in [head, *body]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
