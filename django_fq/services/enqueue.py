@@ -9,6 +9,7 @@ queue-full limit is checked; then the job is inserted.
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
@@ -150,8 +151,8 @@ def _write(queue: str, items: list[_Item], *, batch: bool) -> list[EnqueueResult
 # queue-full limit against the counters, insert the rows in input order, add
 # to a free counter shard (or a new one), and notify idle workers. Outside the
 # caller's transaction autocommit makes it atomic: one round trip per call.
-# The columns travel as arrays in binary (``%b``: psycopg's placeholder for a
-# binary parameter), which skips quoting every payload as an array literal.
+# The rows travel as one JSON text (the C encoder writes it; PostgreSQL parses
+# it), much cheaper than encoding one array per column in Python.
 _PLAIN_PG = """
 WITH q AS (SELECT id, max_attempts, timeout_ms FROM {queue} WHERE name = %s FOR KEY SHARE),
 c AS (SELECT {now} AS t),
@@ -161,11 +162,12 @@ ins AS (
         generation, timeout_ms, payload, payload_size, last_error, errors, unique_key, idempotency, worker)
     SELECT u.uid, q.id, 'queued', u.priority, c.t + u.delay_ms, c.t, c.t, 0, COALESCE(u.max_attempts, q.max_attempts),
         0, COALESCE(u.timeout_ms, q.timeout_ms), u.payload, u.size, '', '[]', NULL, NULL, ''
-    FROM unnest(%b::text[], %b::integer[], %b::bigint[], %b::integer[], %b::bigint[], %b::text[], %b::integer[])
-        WITH ORDINALITY AS u(uid, priority, delay_ms, max_attempts, timeout_ms, payload, size, ord)
+    FROM json_to_recordset(%s::json)
+        AS u(o integer, uid text, priority integer, delay_ms bigint, max_attempts integer, timeout_ms bigint,
+             payload text, size integer)
     CROSS JOIN q CROSS JOIN c CROSS JOIN cap
     WHERE cap.active + %s <= %s
-    ORDER BY u.ord
+    ORDER BY u.o
     RETURNING 1
 ),
 bump AS (
@@ -196,13 +198,22 @@ def _insert_plain_pg(conn, queue: str, items: list[_Item]) -> list[EnqueueResult
     sql = _PLAIN_PG.format(queue=QUEUE, counter=COUNTER, job=JOB, now=db.now_sql(conn))
     params = [
         queue,
-        uids,
-        [it.priority for it in items],
-        [it.delay_ms or 0 for it in items],
-        [it.max_attempts for it in items],
-        [it.timeout_ms for it in items],
-        [it.payload for it in items],
-        [it.size for it in items],
+        json.dumps(
+            [
+                {
+                    "o": i,
+                    "uid": uid,
+                    "priority": it.priority,
+                    "delay_ms": it.delay_ms or 0,
+                    "max_attempts": it.max_attempts,
+                    "timeout_ms": it.timeout_ms,
+                    "payload": it.payload,
+                    "size": it.size,
+                }
+                for i, (uid, it) in enumerate(zip(uids, items))
+            ],
+            ensure_ascii=False,
+        ),
         n,
         int(conf.get("FQ_MAX_JOBS_PER_QUEUE")),
         n,
