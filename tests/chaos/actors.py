@@ -87,7 +87,7 @@ def _producer(args, n: int, stop_at: float, tally: Tally, out) -> None:
 
     def write(queue, results, tokens):
         lines = "".join(
-            json.dumps({"queue": queue, "id": r.id, "created": r.created, "token": t}) + "\n" for r, t in zip(results, tokens)
+            json.dumps({"queue": queue, "id": r.id, "created": r.created, "token": t}) + "\n" for r, t in zip(results, tokens, strict=True)
         )
         with tally.lock:
             out.write(lines)
@@ -106,7 +106,7 @@ def _producer(args, n: int, stop_at: float, tally: Tally, out) -> None:
             backlog_checked = time.monotonic()
             try:
                 backlog = sum(fq.stats(q).counts["ready"] for q in queues)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 tally.error(exc)
         if backlog > args.backlog:
             time.sleep(0.05)
@@ -116,7 +116,7 @@ def _producer(args, n: int, stop_at: float, tally: Tally, out) -> None:
             if rng.random() < 0.6:
                 tok = token()
                 r = fq.enqueue(queue, {"n": rng.random()}, idempotency=tok, unique_key=key(), priority=rng.randint(-1, 1),
-                               delay_ms=rng.choice([None, None, None, 0, 20, 150]), idempotency_retention_ms=3_600_000)  # fmt: skip
+                               delay_ms=rng.choice([None, None, None, 0, 20, 150]), idempotency_retention_ms=3_600_000)
                 write(queue, [r], [tok])
                 tally.op("enqueue")
             else:
@@ -132,7 +132,7 @@ def _producer(args, n: int, stop_at: float, tally: Tally, out) -> None:
                 write(queue, results, [i.get("idempotency") for i in items])
                 tally.op("enqueue_many")
                 tally.op("enqueue_many_items", len(items))
-        except Exception as exc:  # noqa: BLE001 - counted, and unexpected ones fail the scenario
+        except Exception as exc:
             tally.error(exc)
 
 
@@ -150,7 +150,7 @@ def _sequential_producer(args, n: int, stop_at: float, tally: Tally, out) -> Non
             try:
                 r = fq.enqueue(queue, {"token": tok}, idempotency=tok, idempotency_retention_ms=3_600_000)
                 break
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if not (args.retry_db_errors and is_db_error(exc)):
                     tally.error(exc)
                     r = None
@@ -159,7 +159,7 @@ def _sequential_producer(args, n: int, stop_at: float, tally: Tally, out) -> Non
                     tally.db_errors_survived += 1
                 try:
                     connections.close_all()
-                except Exception:  # noqa: BLE001 - the connection is already broken
+                except Exception:
                     pass
                 time.sleep(0.2)
         if r is not None:
@@ -185,7 +185,7 @@ def _consumer(args, n: int, stop_at: float, tally: Tally, out) -> None:
         queue = rng.choice(queues)
         try:
             jobs = fq.claim(queue, count=rng.randint(1, 8), visibility_ms=rng.choice([300, 1500, 3000]), worker=f"consumer-{pid}-{n}")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             tally.error(exc)
             continue
         tally.op("claim")
@@ -208,7 +208,7 @@ def _consumer(args, n: int, stop_at: float, tally: Tally, out) -> None:
                 if rng.random() < 0.2:
                     time.sleep(rng.uniform(0, 0.02))
                 invariants.record_run(job.id, job.claimed_at, job.attempts, started, lambda end, d=deadline: end >= d,
-                                      tag=f"consumer-{n}", pid=pid)  # fmt: skip
+                                      tag=f"consumer-{n}", pid=pid)
                 if action == "nack":
                     fq.nack(queue, job.receipt, error="stress", delay_ms=rng.choice([None, 0, 5]), permanent=rng.random() < 0.05)
                     tally.op("nack")
@@ -218,7 +218,7 @@ def _consumer(args, n: int, stop_at: float, tally: Tally, out) -> None:
                     acks.append((job.receipt, {"by": pid}))
             except FqError as exc:
                 tally.error(exc)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 tally.error(exc)
         if not acks:
             continue
@@ -236,7 +236,7 @@ def _consumer(args, n: int, stop_at: float, tally: Tally, out) -> None:
                         tally.op("ack")
                     except FqError as exc:
                         tally.error(exc)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             tally.error(exc)
 
 
@@ -249,7 +249,7 @@ def _reaper(args, n: int, stop_at: float, tally: Tally, out) -> None:
             r = fq.reap()
             tally.op("reap")
             tally.op("reaped", r.expired + r.timed_out)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             tally.error(exc)
         time.sleep(rng.uniform(0, 0.02))
 
@@ -263,7 +263,7 @@ def _pruner(args, n: int, stop_at: float, tally: Tally, out) -> None:
             r = fq.prune(retention_ms=rng.choice([0, 50, 500]))
             tally.op("prune")
             tally.op("pruned_jobs", r.jobs)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             tally.error(exc)
         time.sleep(rng.uniform(0.05, 0.2))
 
@@ -276,14 +276,14 @@ def main(argv=None) -> int:
     from django.db import connections
 
     role = {"producer": _sequential_producer if args.sequential else _producer, "consumer": _consumer,
-            "reaper": _reaper, "pruner": _pruner}[args.role]  # fmt: skip
+            "reaper": _reaper, "pruner": _pruner}[args.role]
     tally = Tally()
     stop_at = time.monotonic() + args.seconds
 
     def run(n):
         try:
             role(args, n, stop_at, tally, out)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             tally.error(exc)
         finally:
             connections.close_all()

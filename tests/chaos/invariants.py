@@ -66,6 +66,7 @@ here raises for a broken invariant, so a scenario reports all of them.
 from __future__ import annotations
 
 import collections
+import itertools
 from dataclasses import dataclass, field
 
 from django.db import connection as default_connection
@@ -220,21 +221,20 @@ def record_run(job_uid: str, claimed_at: int, attempt: int, run_start: int, told
     conn = default_connection
     run_end = now_ms(conn)
     lost = bool(told(run_end))
-    with transaction.atomic():
-        with conn.cursor() as cur:
-            if conn.vendor == "postgresql":
-                # Like django-fq's own lease changes: no wait for the WAL flush (a clean restart keeps it all).
-                cur.execute("SET LOCAL synchronous_commit = off")
-            cur.execute(
-                "INSERT INTO fqchaos_run (job_uid, claimed_at, attempt, pid, tag, run_start, run_end, told) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                [job_uid, claimed_at, attempt, pid, tag[:100], run_start, run_end, lost],
-            )
-            cur.execute(
-                "INSERT INTO fqchaos_effect (job_uid, runs, last_pid) VALUES (%s, 1, %s) "
-                "ON CONFLICT (job_uid) DO UPDATE SET runs = fqchaos_effect.runs + 1, last_pid = excluded.last_pid",
-                [job_uid, pid],
-            )
+    with transaction.atomic(), conn.cursor() as cur:
+        if conn.vendor == "postgresql":
+            # Like django-fq's own lease changes: no wait for the WAL flush (a clean restart keeps it all).
+            cur.execute("SET LOCAL synchronous_commit = off")
+        cur.execute(
+            "INSERT INTO fqchaos_run (job_uid, claimed_at, attempt, pid, tag, run_start, run_end, told) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            [job_uid, claimed_at, attempt, pid, tag[:100], run_start, run_end, lost],
+        )
+        cur.execute(
+            "INSERT INTO fqchaos_effect (job_uid, runs, last_pid) VALUES (%s, 1, %s) "
+            "ON CONFLICT (job_uid) DO UPDATE SET runs = fqchaos_effect.runs + 1, last_pid = excluded.last_pid",
+            [job_uid, pid],
+        )
     return run_end
 
 
@@ -247,20 +247,19 @@ def record_runs(runs: list[tuple[str, int, int, int, int]], *, tag: str = "", pi
     """
     conn = default_connection
     run_end = now_ms(conn)
-    with transaction.atomic():
-        with conn.cursor() as cur:
-            if conn.vendor == "postgresql":
-                cur.execute("SET LOCAL synchronous_commit = off")
-            cur.executemany(
-                "INSERT INTO fqchaos_run (job_uid, claimed_at, attempt, pid, tag, run_start, run_end, told) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                [(uid, claimed, attempt, pid, tag[:100], start, run_end, run_end >= deadline) for uid, claimed, attempt, start, deadline in runs],
-            )
-            cur.executemany(
-                "INSERT INTO fqchaos_effect (job_uid, runs, last_pid) VALUES (%s, 1, %s) "
-                "ON CONFLICT (job_uid) DO UPDATE SET runs = fqchaos_effect.runs + 1, last_pid = excluded.last_pid",
-                [(uid, pid) for uid, *_ in runs],
-            )
+    with transaction.atomic(), conn.cursor() as cur:
+        if conn.vendor == "postgresql":
+            cur.execute("SET LOCAL synchronous_commit = off")
+        cur.executemany(
+            "INSERT INTO fqchaos_run (job_uid, claimed_at, attempt, pid, tag, run_start, run_end, told) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            [(uid, claimed, attempt, pid, tag[:100], start, run_end, run_end >= deadline) for uid, claimed, attempt, start, deadline in runs],
+        )
+        cur.executemany(
+            "INSERT INTO fqchaos_effect (job_uid, runs, last_pid) VALUES (%s, 1, %s) "
+            "ON CONFLICT (job_uid) DO UPDATE SET runs = fqchaos_effect.runs + 1, last_pid = excluded.last_pid",
+            [(uid, pid) for uid, *_ in runs],
+        )
     return run_end
 
 
@@ -349,7 +348,7 @@ def check(
     if not qids:
         return report
     qin = _in(qids)
-    vis_of = visibility_ms if isinstance(visibility_ms, dict) else {q: visibility_ms for q in queues}
+    vis_of = visibility_ms if isinstance(visibility_ms, dict) else dict.fromkeys(queues, visibility_ms)
 
     created = {seq: (uid, qid) for seq, uid, qid in _rows(conn, f"SELECT seq, uid, queue_id FROM fqchaos_job WHERE queue_id IN {qin}")}
     uid_to_seq = {uid: seq for seq, (uid, _) in created.items()}
@@ -519,7 +518,7 @@ def check(
                 lease["end"] = lease["end_deadline"]
             else:  # cancel
                 lease["end"] = min(settle["at"], lease["end_deadline"])
-        for a, b in zip(gens, gens[1:]):
+        for a, b in itertools.pairwise(gens):
             if per[b]["claimed"] < per[a]["end"]:
                 report.overlaps += 1
                 report.fail(
@@ -536,7 +535,7 @@ def check(
     )
     report.runs = len(run_rows)
     runs_per_lease = collections.Counter()
-    for uid, claimed, attempt, pid, start, end, told in run_rows:
+    for uid, claimed, _attempt, pid, start, end, told in run_rows:
         seq = uid_to_seq.get(uid)
         per = leases.get(seq, {})
         match = [lease for lease in per.values() if lease["claimed"] == claimed]

@@ -104,6 +104,8 @@ class Proc:
 
 def worker(queue: str, log: Path, *args: str, prefix: tuple[str, ...] = (), env: dict | None = None, name: str = "") -> Proc:
     """``fq_worker --queue=queue *args``, logging at INFO (one line per job) into ``log``."""
+    # As a supervisor's child: the worker stops by itself if the scenario's process dies.
+    env = {"FQ_WORKER_SUPERVISOR_PID": str(os.getpid()), **(env or {})}
     proc = Proc(["django", "fq_worker", f"--queue={queue}", *args], log=log, prefix=prefix, env=env, name=name or "fq_worker")
     proc.ready = r"worker\.start "
     return proc

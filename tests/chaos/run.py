@@ -115,10 +115,10 @@ def run_one_db(args, db: str, out: Path) -> int:
             print(outcome.describe(), file=sys.stderr, flush=True)
         results.append({"scenario": name, "db": db, "line": line, "ok": outcome.ok, "notes": outcome.notes,
                         "problems": outcome.problems, "violations": outcome.report.violations,
-                        "report": {k: v for k, v in vars(outcome.report).items() if k not in ("violations", "by_kind")}})  # fmt: skip
+                        "report": {k: v for k, v in vars(outcome.report).items() if k not in ("violations", "by_kind")}})
     with open(out / f"summary-{db}.json", "w", encoding="utf-8") as fh:
         json.dump({"when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "machine": machine(),
-                   "args": vars(args), "results": results}, fh, indent=2, default=str)  # fmt: skip
+                   "args": vars(args), "results": results}, fh, indent=2, default=str)
     return 1 if failed else 0
 
 
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
 def _passthrough(argv) -> list[str]:
     argv = list(sys.argv[1:] if argv is None else argv)
     kept, skip = [], False
-    for i, a in enumerate(argv):
+    for a in argv:
         if skip:
             skip = False
             continue

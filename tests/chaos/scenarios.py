@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from django.db import connection, connections, transaction
 from django.db import Error as DbError
+from django.db import connection, connections, transaction
 
 from django_fq import services as fq
 from django_fq.exceptions import QueueNotFound
@@ -182,7 +182,7 @@ def kill_storm(
         n_started += 1
         extra = ("--prefetch=4",) if n_started % 2 else ()
         return procs.worker(WORK, logs / f"worker-{n_started:03d}.log", f"--concurrency={concurrency}",
-                            f"--visibility={visibility_ms}", *extra, *FAST, env={"FQ_CHAOS_TAG": f"w{n_started}"})  # fmt: skip
+                            f"--visibility={visibility_ms}", *extra, *FAST, env={"FQ_CHAOS_TAG": f"w{n_started}"})
 
     live = [start() for _ in range(workers)]
     everyone = list(live)
@@ -261,7 +261,7 @@ def restart_postgres() -> None:
     if cluster is None:
         raise RuntimeError("no Debian-style PostgreSQL cluster (pg_ctlcluster) to restart")
     done = subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", cluster[0], cluster[1], "restart"],
-                          capture_output=True, text=True, timeout=180)  # fmt: skip
+                          capture_output=True, text=True, timeout=180)
     if done.returncode != 0:
         raise RuntimeError(f"pg_ctlcluster restart failed: {done.stderr.strip()}")
     for _ in range(120):
@@ -302,12 +302,12 @@ def db_restart(
     logs = out / "db-restart"
     pool = [
         procs.worker(WORK, logs / f"worker-{n}.log", f"--concurrency={concurrency}", f"--visibility={visibility_ms}", *FAST,
-                     env={"FQ_CHAOS_TAG": f"w{n}"})  # fmt: skip
+                     env={"FQ_CHAOS_TAG": f"w{n}"})
         for n in range(workers)
     ]
     makers = [
         procs.actor("producer", logs / f"producer-{n}.log", f"--queues={WORK}", f"--seconds={seconds}", "--sequential",
-                    "--retry-db-errors", f"--name=p{n}-", "--pace-ms=2", f"--out={logs / f'producer-{n}.json'}")  # fmt: skip
+                    "--retry-db-errors", f"--name=p{n}-", "--pace-ms=2", f"--out={logs / f'producer-{n}.json'}")
         for n in range(producers)
     ]
     try:
@@ -353,7 +353,7 @@ def db_restart(
         outcome.problems.append(f"{len(tokens)} tokens enqueued, {len(uids)} job ids returned, {outcome.report.jobs} jobs inserted")
     outcome.notes = {"enqueues": len(records), "producer_db_errors_survived": survived,
                      "handler_runs_failed_by_the_outage": outcome.report.failed_runs,
-                     "worker_db_errors": sum(w.count(r"worker\.db_error ") for w in pool)}  # fmt: skip
+                     "worker_db_errors": sum(w.count(r"worker\.db_error ") for w in pool)}
     outcome.took_s = time.monotonic() - started
     return outcome
 
@@ -389,7 +389,7 @@ def _wait(predicate, timeout: float, what: str):
 
 
 def partition(out: Path, *, lease_ms: int = 2000, cut_s: float | None = None, rounds: int = 1, followups: int = 20,
-              progress=None) -> Outcome:  # fmt: skip
+              progress=None) -> Outcome:
     """A worker in its own network namespace is cut off mid-job for longer than its lease.
 
     Per round: worker A (namespace) claims J1 and J2 and has extended their
@@ -434,24 +434,24 @@ def partition(out: Path, *, lease_ms: int = 2000, cut_s: float | None = None, ro
                 def started_in_a(job_id):
                     return any(e["ev"] == "start" and e["id"] == job_id and e["tag"] == "A" for e in _read_jsonl(events))
 
-                _wait(lambda: started_in_a(j1) and started_in_a(j2), 60, "worker A to start J1 and J2")
-                _wait(lambda: _extended(j2), 30, "worker A's heartbeat to extend J2 once")
+                _wait(lambda j1=j1, j2=j2: started_in_a(j1) and started_in_a(j2), 60, "worker A to start J1 and J2")
+                _wait(lambda j2=j2: _extended(j2), 30, "worker A's heartbeat to extend J2 once")
                 net.cut()
                 cut_at = time.monotonic()
                 cut.write_text("cut")
                 _log(progress, f"partition round {k + 1}: link down")
                 b = procs.worker(PART, logs / f"worker-B-{k}.log", *worker_args, env={"FQ_CHAOS_TAG": f"B{k}"}, name=f"worker B{k}")
                 everyone.append(b)
-                _wait(lambda: fq.get(PART, j1).state == fq.get(PART, j2).state == "succeeded", 60, "worker B to finish J1 and J2")
+                _wait(lambda j1=j1, j2=j2: fq.get(PART, j1).state == fq.get(PART, j2).state == "succeeded", 60, "worker B to finish J1 and J2")
                 time.sleep(max(0.0, cut_at + cut_s - time.monotonic()))
                 net.heal()
                 heal.write_text("heal")
                 _log(progress, f"partition round {k + 1}: link up after {time.monotonic() - cut_at:.1f}s")
-                ack_refused = _wait(lambda: a.count(rf"job\.not_settled .*job={j1}.*code=invalid_receipt"), 90,
-                                    "worker A's stale ack of J1 to be refused")  # fmt: skip
+                ack_refused = _wait(lambda j1=j1: a.count(rf"job\.not_settled .*job={j1}.*code=invalid_receipt"), 90,
+                                    "worker A's stale ack of J1 to be refused")
                 refusals["ack"] += ack_refused
-                _wait(lambda: any(e["ev"] == "end" and e["id"] == j2 and e["tag"] == "A" for e in _read_jsonl(events)), 60,
-                      "J2's handler in worker A to end")  # fmt: skip
+                _wait(lambda j2=j2: any(e["ev"] == "end" and e["id"] == j2 and e["tag"] == "A" for e in _read_jsonl(events)), 60,
+                      "J2's handler in worker A to end")
                 refusals["extend"] += a.count(rf"job\.lease_lost .*job={j2}.*reason=invalid_receipt")
                 ends = [e for e in _read_jsonl(events) if e["ev"] == "end" and e["id"] == j2 and e["tag"] == "A"]
                 if not ends or not ends[-1]["lost"]:
@@ -459,7 +459,7 @@ def partition(out: Path, *, lease_ms: int = 2000, cut_s: float | None = None, ro
                 if b.stop(60) != 0:
                     outcome.problems.append(f"worker B{k} did not exit 0 after SIGTERM:\n{b.text()[-1500:]}")
                 more = [r.id for r in fq.enqueue_many(PART, [{"payload": {"mode": "after"}} for _ in range(followups)])]
-                _wait(lambda: all(fq.get(PART, i).state == "succeeded" for i in more), 120, "worker A to run the follow-up jobs")
+                _wait(lambda more=more: all(fq.get(PART, i).state == "succeeded" for i in more), 120, "worker A to run the follow-up jobs")
                 by = _run_pids(more)
                 if set(by) != {a.pid} or sum(by.values()) != followups:
                     outcome.problems.append(f"follow-up jobs were run by pids {by}, expected all by worker A ({a.pid})")
@@ -475,7 +475,7 @@ def partition(out: Path, *, lease_ms: int = 2000, cut_s: float | None = None, ro
         outcome.problems.append(f"worker A's stale ack was refused {refusals['ack']} times in {rounds} rounds")
     outcome.notes = {"rounds": rounds, "cut_s": cut_s, "lease_ms": lease_ms, "stale_acks_refused": refusals["ack"],
                      "stale_extends_refused": refusals["extend"], "zombie_runs_told": outcome.report.zombie_overlaps,
-                     "forwarded_connections": net.forwarder.connections if net.forwarder else 0}  # fmt: skip
+                     "forwarded_connections": net.forwarder.connections if net.forwarder else 0}
     outcome.took_s = time.monotonic() - started
     return outcome
 
@@ -523,7 +523,7 @@ def stress(
     invariants.install()
     for q in STRESS:
         fq.configure(q, max_attempts=3, backoff_ms=5, max_backoff_ms=50, visibility_ms=1000,
-                     concurrency=3 if q.endswith("limited") else 0)  # fmt: skip
+                     concurrency=3 if q.endswith("limited") else 0)
     outcome = Outcome("stress", invariants.Report(list(STRESS)))
     logs = out / "stress"
     qs = ",".join(STRESS)
@@ -540,11 +540,11 @@ def stress(
             continue
         path = logs / f"{role}-{n}.json"
         actors.append((role, n, path, procs.actor(role, logs / f"{role}-{n}.log", *common, f"--threads={threads}",
-                                                  f"--seed={seed * 10 + n}", f"--out={path}")))  # fmt: skip
+                                                  f"--seed={seed * 10 + n}", f"--out={path}")))
     everyone = [p for *_, p in actors]
     try:
         give_up = time.monotonic() + seconds + 120
-        for role, n, path, proc in actors:
+        for role, n, _path, proc in actors:
             try:
                 code = proc.wait(max(1.0, give_up - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -557,7 +557,7 @@ def stress(
             if p.alive():
                 p.kill()
     records, ops, errors = [], {}, {}
-    for role, n, path, proc in actors:
+    for role, n, path, _proc in actors:
         summary = _read_json(path)
         for k, v in summary.get("ops", {}).items():
             ops[k] = ops.get(k, 0) + v
@@ -608,7 +608,7 @@ def _drain(queues, timeout_s: float) -> bool:
 
 
 def sqlite_writer(out: Path, *, jobs: int = 3000, workers: int = 4, concurrency: int = 2, minutes: float | None = None,
-                  hold_ms: float = 5.0, progress=None) -> Outcome:  # fmt: skip
+                  hold_ms: float = 5.0, progress=None) -> Outcome:
     """4 worker processes drain ``jobs`` jobs on SQLite while a thread of the app writes its own table in a loop.
 
     The writer holds each of its write transactions ``hold_ms`` and rests as
@@ -638,13 +638,12 @@ def sqlite_writer(out: Path, *, jobs: int = 3000, workers: int = 4, concurrency:
         try:
             while not stop.is_set():
                 try:
-                    with transaction.atomic():
-                        with connection.cursor() as cur:
-                            cur.execute("INSERT INTO fqchaos_writer (n, touched) VALUES (%s, 0)", [n])
-                            time.sleep(hold_ms / 1000)
-                            cur.execute("UPDATE fqchaos_writer SET touched = touched + 1 WHERE id = (SELECT MAX(id) FROM fqchaos_writer)")
+                    with transaction.atomic(), connection.cursor() as cur:
+                        cur.execute("INSERT INTO fqchaos_writer (n, touched) VALUES (%s, 0)", [n])
+                        time.sleep(hold_ms / 1000)
+                        cur.execute("UPDATE fqchaos_writer SET touched = touched + 1 WHERE id = (SELECT MAX(id) FROM fqchaos_writer)")
                     writer["transactions"] += 1
-                except Exception as exc:  # noqa: BLE001 - every error of the app's writer is a failure
+                except Exception as exc:
                     writer["errors"].append(f"{type(exc).__name__}: {exc}")
                 n += 1
                 time.sleep(hold_ms / 1000)
@@ -655,7 +654,7 @@ def sqlite_writer(out: Path, *, jobs: int = 3000, workers: int = 4, concurrency:
     thread.start()
     pool = [
         procs.worker(WORK, logs / f"worker-{n}.log", f"--concurrency={concurrency}", "--visibility=5000", *FAST,
-                     env={"FQ_CHAOS_TAG": f"w{n}"})  # fmt: skip
+                     env={"FQ_CHAOS_TAG": f"w{n}"})
         for n in range(workers)
     ]
     try:

@@ -5,7 +5,7 @@ The database is chosen like the worker tests' (``FQ_TEST_DB``, ``FQ_CHILD_DB_NAM
 PostgreSQL through the partition scenario's forwarder.
 """
 
-from tests.worker_settings import *  # noqa: F401,F403
+from tests.worker_settings import *  # noqa: F403
 from tests.worker_settings import INSTALLED_APPS as _APPS
 
 INSTALLED_APPS = [*_APPS, "tests.chaos"]

@@ -28,7 +28,7 @@ def out(tmp_path):
     yield tmp_path
     try:
         invariants.uninstall(connection)
-    except Exception:  # noqa: BLE001 - a restart may have left the connection broken
+    except Exception:
         connection.close()
         invariants.uninstall(connection)
 

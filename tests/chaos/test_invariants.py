@@ -76,7 +76,7 @@ def test_a_clean_history_passes_with_its_figures(history):
 
 def test_an_ack_at_the_deadline_is_caught(history):
     _sql("UPDATE fqchaos_settle SET checked_at = (SELECT e.deadline FROM fqchaos_lease_end e "
-         "WHERE e.receipt_hash = fqchaos_settle.receipt_hash) WHERE op = 'ack'")  # fmt: skip
+         "WHERE e.receipt_hash = fqchaos_settle.receipt_hash) WHERE op = 'ack'")
     assert _kinds() == {"late_settle": 3}
 
 
@@ -124,7 +124,7 @@ def test_wrong_attempts_and_a_lost_job_are_caught(history):
     assert _kinds() == {"not_drained": 1}
     assert _kinds(drained=False) == {}
     _sql("DROP TRIGGER IF EXISTS fqchaos_job_del ON django_fq_job" if connection.vendor == "postgresql"
-         else "DROP TRIGGER IF EXISTS fqchaos_job_del")  # fmt: skip
+         else "DROP TRIGGER IF EXISTS fqchaos_job_del")
     _sql("DELETE FROM django_fq_job WHERE uid = %s", [history["c"]])  # gone without a trace, as a lost job would be
     report = invariants.check([Q], visibility_ms=60_000, drained=False)
     assert report.lost == 1 and report.by_kind["job_vanished"] == 1
