@@ -1,0 +1,54 @@
+"""Focused tests for what the state machine and the fuzz tests found, one per finding."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_fq import services as fq
+from django_fq.exceptions import InvalidReceipt, ReceiptCancelled
+
+pytestmark = pytest.mark.django_db
+
+Q = "prop:regress"
+
+
+def _with_generation(receipt: str, generation: int) -> str:
+    prefix, uid, _, secret = receipt.split(".")
+    return f"{prefix}.{uid}.{generation}.{secret}"
+
+
+def test_a_settle_repeated_with_an_edited_generation_is_refused_not_replayed():
+    """SPEC §9: only the very same receipt replays a settle; one with its generation edited is forged.
+
+    Found by the state machine: ``_replay_or_error`` compared the secret only,
+    so ``fq1.<id>.<gen±1>.<secret>`` replayed the recorded nack.
+    """
+    fq.enqueue(Q, {"n": 1})
+    [first] = fq.claim(Q)
+    assert fq.nack(Q, first.receipt, delay_ms=0, error="boom").state == "ready"
+    gen = int(first.receipt.split(".")[2])
+    for other in (gen + 1, gen - 1, 0, 10**17):
+        with pytest.raises(InvalidReceipt) as err:
+            fq.nack(Q, _with_generation(first.receipt, other), delay_ms=0, error="boom")
+        assert type(err.value) is InvalidReceipt
+    # While a newer lease is held, the old secret with the new generation is refused too.
+    [second] = fq.claim(Q)
+    assert second.receipt.split(".")[2] == str(gen + 1)
+    with pytest.raises(InvalidReceipt):
+        fq.nack(Q, _with_generation(first.receipt, gen + 1), delay_ms=0, error="boom")
+    # The true repeat is still a replay, and nothing above touched the live lease.
+    replay = fq.nack(Q, first.receipt, delay_ms=0, error="boom")
+    assert replay.replay and replay.state == "ready"
+    assert fq.get(Q, first.id).state == "running" and fq.get(Q, first.id).attempts == 2
+    assert fq.ack(Q, second.receipt).state == "succeeded"
+
+
+def test_a_cancelled_jobs_receipt_with_an_edited_generation_is_plainly_invalid():
+    fq.enqueue(Q, {"n": 2})
+    [job] = fq.claim(Q)
+    fq.cancel(Q, job.id)
+    with pytest.raises(ReceiptCancelled):
+        fq.ack(Q, job.receipt)
+    with pytest.raises(InvalidReceipt) as err:
+        fq.ack(Q, _with_generation(job.receipt, 2))
+    assert type(err.value) is InvalidReceipt
