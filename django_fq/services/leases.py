@@ -483,50 +483,11 @@ def _ack_matching_pg(queue: str, items: list[tuple[str, str | None, str]]) -> li
     return out
 
 
-# The common ack on PostgreSQL as one statement: lock the leases the receipts
-# name (in job order), read the clock once the locks are held, end the leases
-# still live then, mark their jobs succeeded and add to the counters.
-_ACK_MATCHING_PG = (
+# What both ack statements do once ``v`` (seq, result, args: the leases to end,
+# locked) and ``c`` (now, read after the locks) are known: end the leases still
+# live, mark their jobs succeeded, add to the queue's counters (queue id: ``q``).
+_ACK_TAIL = (
     """
-WITH q AS (SELECT id FROM {queue} WHERE name = %(queue)s),
-r AS (SELECT * FROM json_to_recordset(%(req)s::json) AS r(uid text, gen bigint, hash text, result text, args text)),
-locked AS (
-    SELECT l.job_id, r.uid, r.result, r.args
-    FROM r JOIN {job} j ON j.uid = r.uid JOIN {lease} l ON l.job_id = j.seq
-    WHERE l.queue_id = (SELECT id FROM q) AND l.generation = r.gen AND l.receipt_hash = r.hash
-    ORDER BY l.job_id FOR UPDATE OF l),
-c AS (SELECT {now} AS t FROM (SELECT COUNT(*) FROM locked) AS after_locks{relax}),
-gone AS (
-    DELETE FROM {lease} l USING locked, c WHERE l.job_id = locked.job_id AND l.deadline > c.t
-    RETURNING l.job_id, l.claimed_at, l.receipt_hash),
-done AS (
-    UPDATE {job} j SET state = 'succeeded', result = locked.result, settled_hash = gone.receipt_hash,
-        settled_args = locked.args, settled_op = 'ack', settled_outcome = '"""
-    + _ACKED_JSON.replace("{", "{{").replace("}", "}}")
-    + """',
-        finished_at = c.t, changed_at = c.t
-    FROM gone JOIN locked ON locked.job_id = gone.job_id CROSS JOIN c WHERE j.seq = gone.job_id),
-totals AS (SELECT COUNT(*) AS k, COALESCE(SUM(GREATEST(0, c.t - gone.claimed_at)), 0) AS run FROM gone, c),
-shard AS (
-    UPDATE {counter} s SET acked = s.acked + totals.k, active = s.active - totals.k,
-        run_ms_sum = s.run_ms_sum + totals.run, run_count = s.run_count + totals.k
-    FROM totals WHERE totals.k > 0
-        AND s.id = (SELECT id FROM {counter} WHERE queue_id = (SELECT id FROM q) LIMIT 1 FOR UPDATE SKIP LOCKED)
-    RETURNING s.id),
-spare AS (
-    INSERT INTO {counter} (queue_id, acked, active, run_ms_sum, run_count)
-    SELECT (SELECT id FROM q), k, -k, run, k FROM totals WHERE k > 0 AND NOT EXISTS (SELECT 1 FROM shard))
-SELECT locked.uid FROM gone JOIN locked ON locked.job_id = gone.job_id
-"""
-)
-
-# Ack on PostgreSQL in one statement, under the lease locks the transaction
-# already holds: end the leases still live now, mark their jobs succeeded,
-# add to the counters. Returns the jobs acked.
-_ACK_PG = (
-    """
-WITH c AS (SELECT {now} AS t),
-v AS (SELECT * FROM unnest(%(seqs)s::bigint[], %(results)s::text[], %(args)s::text[]) AS v(seq, result, args)),
 gone AS (
     DELETE FROM {lease} l USING v, c WHERE l.job_id = v.seq AND l.deadline > c.t
     RETURNING l.job_id, l.claimed_at, l.receipt_hash),
@@ -542,12 +503,41 @@ shard AS (
     UPDATE {counter} s SET acked = s.acked + totals.k, active = s.active - totals.k,
         run_ms_sum = s.run_ms_sum + totals.run, run_count = s.run_count + totals.k
     FROM totals WHERE totals.k > 0
-        AND s.id = (SELECT id FROM {counter} WHERE queue_id = %(q)s LIMIT 1 FOR UPDATE SKIP LOCKED)
+        AND s.id = (SELECT id FROM {counter} WHERE queue_id = (SELECT id FROM q) LIMIT 1 FOR UPDATE SKIP LOCKED)
     RETURNING s.id),
 spare AS (
     INSERT INTO {counter} (queue_id, acked, active, run_ms_sum, run_count)
-    SELECT %(q)s, k, -k, run, k FROM totals WHERE k > 0 AND NOT EXISTS (SELECT 1 FROM shard))
-SELECT job_id FROM gone
+    SELECT (SELECT id FROM q), k, -k, run, k FROM totals WHERE k > 0 AND NOT EXISTS (SELECT 1 FROM shard))
+"""
+)
+
+# The common ack on PostgreSQL as one statement: lock the leases the receipts
+# name (in job order), read the clock once the locks are held, then the tail.
+_ACK_MATCHING_PG = (
+    """
+WITH q AS (SELECT id FROM {queue} WHERE name = %(queue)s),
+r AS (SELECT * FROM json_to_recordset(%(req)s::json) AS r(uid text, gen bigint, hash text, result text, args text)),
+v AS (
+    SELECT l.job_id AS seq, r.uid, r.result, r.args
+    FROM r JOIN {job} j ON j.uid = r.uid JOIN {lease} l ON l.job_id = j.seq
+    WHERE l.queue_id = (SELECT id FROM q) AND l.generation = r.gen AND l.receipt_hash = r.hash
+    ORDER BY l.job_id FOR UPDATE OF l),
+c AS (SELECT {now} AS t FROM (SELECT COUNT(*) FROM v) AS after_locks{relax}),"""
+    + _ACK_TAIL
+    + """SELECT v.uid FROM gone JOIN v ON v.seq = gone.job_id
+"""
+)
+
+# Ack on PostgreSQL in one statement, under the lease locks the transaction
+# already holds: end the leases still live now, mark their jobs succeeded,
+# add to the counters. Returns the jobs acked.
+_ACK_PG = (
+    """
+WITH q AS (SELECT %(q)s::bigint AS id),
+c AS (SELECT {now} AS t),
+v AS (SELECT * FROM unnest(%(seqs)s::bigint[], %(results)s::text[], %(args)s::text[]) AS v(seq, result, args)),"""
+    + _ACK_TAIL
+    + """SELECT job_id FROM gone
 """
 )
 
