@@ -18,8 +18,10 @@ django_fq.W003     ``FQ_DATABASE`` is not where Django's database routers send d
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
-from django.core.checks import Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from . import conf
 
@@ -27,7 +29,7 @@ from . import conf
 @register()
 def check_settings(app_configs=None, **kwargs):
     """Validate the ``FQ_*`` settings."""
-    errors = []
+    errors: list[CheckMessage] = []
     size = conf.get("FQ_MAX_PAYLOAD_BYTES")
     if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= conf.HARD_PAYLOAD_CAP_BYTES:
         errors.append(
@@ -44,7 +46,7 @@ def check_settings(app_configs=None, **kwargs):
             errors.append(Error(f"{name} must be a positive integer.", id="django_fq.E003"))
     if conf.database() in settings.DATABASES:
         errors += _check_routing()
-    db = settings.DATABASES.get(conf.database(), {})
+    db: dict[str, Any] = settings.DATABASES.get(conf.database(), {})
     if db.get("ENGINE", "").endswith("sqlite3"):
         options = db.get("OPTIONS", {})
         if str(options.get("transaction_mode", "")).upper() != "IMMEDIATE":
@@ -101,7 +103,7 @@ def check_sqlite_wal(app_configs=None, databases=None, **kwargs):
     if not databases or alias not in databases:
         return []
     conn = connections[alias]
-    if conn.vendor != "sqlite" or conn.is_in_memory_db():
+    if conn.vendor != "sqlite" or conn.is_in_memory_db():  # type: ignore[attr-defined]  # SQLite's wrapper has it
         return []
     with conn.cursor() as cur:
         cur.execute("PRAGMA journal_mode")

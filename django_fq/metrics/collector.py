@@ -9,6 +9,8 @@ although django-fq stores milliseconds.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db.models import Sum
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
@@ -45,7 +47,7 @@ class QueueCollector:
 
     def collect(self):
         infos = services.queues()
-        sums = {
+        sums: dict[str, Any] = {
             row["queue__name"]: row
             for row in QueueCounter.objects.using(conf.database())
             .values("queue__name")

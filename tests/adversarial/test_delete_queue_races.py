@@ -16,10 +16,10 @@ import importlib
 import pytest
 
 from django_fq import services as fq
-from django_fq.exceptions import FqError, JobNotFound, QueueNotFound
+from django_fq.exceptions import JobNotFound, QueueNotFound
 from django_fq.models import Job, Lease, Queue, QueueCounter
 
-from .helpers import Background, run_elsewhere, wait_for_lock_waiter
+from .helpers import Background, wait_for_lock_waiter
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 
