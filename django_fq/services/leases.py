@@ -95,35 +95,41 @@ def _claim_round(queue: str, count: int, visibility_ms: int | None, worker: str)
     if not db.is_postgres(conn):
         q = get_queue(queue)
         return db.retrying(_claim_once, q.id, queue, count, visibility_ms or q.visibility_ms, worker)
-    now = db.now_sql(conn)
-    with db.hot_cursor(conn) as cur:
-        # One round trip: the queue, and whether any of its leases has expired.
-        cur.execute(
-            f"SELECT q.id, q.concurrency, q.visibility_ms, EXISTS (SELECT 1 FROM {LEASE} l "
-            f"WHERE l.queue_id = q.id AND l.deadline <= {now}) FROM {QUEUE} q WHERE q.name = %s",
-            [queue],
-        )
-        row = cur.fetchone()
-    if row is None:
-        raise QueueNotFound(f"no such queue: {queue}", field="queue")
-    queue_id, concurrency, default_vis, expired = row
+    # The common case (no concurrency limit, nothing expired) is this one round trip.
+    jobs, facts = db.retrying(_claim_pg, queue, count, visibility_ms, worker, False, atomic=False)
+    if facts is None:
+        return jobs
+    queue_id, concurrency, default_vis, expired = facts
     vis = visibility_ms or default_vis
     if concurrency > 0:
         return db.retrying(_claim_once, queue_id, queue, count, vis, worker, relaxed=db.relaxed_commit(conn))
     if expired:
         db.retrying(lambda: expire_leases(db.connection(), queue_id=queue_id, limit=CLAIM_REAP_BATCH))
-    return db.retrying(_claim_pg, queue_id, queue, count, vis, worker, atomic=False)
+    jobs, facts = db.retrying(_claim_pg, queue, count, visibility_ms, worker, True, atomic=False)
+    if facts is not None:  # a concurrency limit was set meanwhile: next round
+        return []
+    return jobs
 
 
-# The claim on PostgreSQL as one statement (autocommit makes it atomic): lock up to
-# n eligible jobs in claim order (FOR UPDATE SKIP LOCKED), keep those within the
-# payload cap, mark them running, write their leases and add to the counters.
+# The claim on PostgreSQL as one statement (autocommit makes it atomic): look the
+# queue up; if it has no concurrency limit and no expired lease to handle first
+# (``go``), lock up to n eligible jobs in claim order (FOR UPDATE SKIP LOCKED), keep
+# those within the payload cap, mark them running, write their leases and add to
+# the counters. Every row carries the queue's facts, so the caller can take the
+# slower path when ``go`` was empty; no row at all: no such queue.
 _CLAIM_PG = """
-WITH c AS (SELECT {now} AS t{relax}),
+WITH q AS (
+    SELECT id, concurrency, visibility_ms,
+        EXISTS (SELECT 1 FROM {lease} l WHERE l.queue_id = {queue}.id AND l.deadline <= {now}) AS expired
+    FROM {queue} WHERE name = %(name)s),
+go AS (
+    SELECT id, COALESCE(%(vis)s::bigint, visibility_ms) AS vis FROM q
+    WHERE concurrency = 0 AND (NOT expired OR %(after_reap)s::boolean)),
+c AS (SELECT {now} AS t{relax}),
 h AS (SELECT string_to_array(%(hashes)s, ',') AS a),
 picked AS (
     SELECT seq, priority, payload_size FROM {job}
-    WHERE queue_id = %(q)s AND state = 'queued' AND run_at <= (SELECT t FROM c)
+    WHERE queue_id = (SELECT id FROM go) AND state = 'queued' AND run_at <= (SELECT t FROM c)
     ORDER BY priority DESC, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED),
 ranked AS (
     SELECT seq, ROW_NUMBER() OVER w AS rn, SUM(payload_size) OVER w AS cum
@@ -136,9 +142,9 @@ taken AS (
         j.enqueued_at, j.run_at, j.timeout_ms, j.claimed_at, ranked.rn),
 leases AS (
     INSERT INTO {lease} (job_id, queue_id, generation, receipt_hash, claimed_at, deadline, timeout_at, worker)
-    SELECT seq, %(q)s, generation, (SELECT a FROM h)[rn], claimed_at,
-        CASE WHEN timeout_ms > 0 THEN LEAST(claimed_at + %(vis)s, claimed_at + timeout_ms)
-             ELSE claimed_at + %(vis)s END,
+    SELECT seq, (SELECT id FROM go), generation, (SELECT a FROM h)[rn], claimed_at,
+        CASE WHEN timeout_ms > 0 THEN LEAST(claimed_at + (SELECT vis FROM go), claimed_at + timeout_ms)
+             ELSE claimed_at + (SELECT vis FROM go) END,
         CASE WHEN timeout_ms > 0 THEN claimed_at + timeout_ms END, %(w)s
     FROM taken),
 totals AS (
@@ -148,39 +154,53 @@ shard AS (
     UPDATE {counter} s SET claimed = s.claimed + totals.k, wait_ms_sum = s.wait_ms_sum + totals.wait,
         wait_count = s.wait_count + totals.k
     FROM totals WHERE totals.k > 0
-        AND s.id = (SELECT id FROM {counter} WHERE queue_id = %(q)s LIMIT 1 FOR UPDATE SKIP LOCKED)
+        AND s.id = (SELECT id FROM {counter} WHERE queue_id = (SELECT id FROM go) LIMIT 1 FOR UPDATE SKIP LOCKED)
     RETURNING s.id),
 spare AS (
     INSERT INTO {counter} (queue_id, claimed, wait_ms_sum, wait_count)
-    SELECT %(q)s, k, wait, k FROM totals WHERE k > 0 AND NOT EXISTS (SELECT 1 FROM shard))
-SELECT seq, uid, payload, generation, attempts, max_attempts, priority, enqueued_at, run_at, timeout_ms,
-    claimed_at, rn FROM taken
+    SELECT (SELECT id FROM go), k, wait, k FROM totals WHERE k > 0 AND NOT EXISTS (SELECT 1 FROM shard))
+SELECT q.id, q.concurrency, q.visibility_ms, q.expired, (SELECT vis FROM go), seq, uid, payload, generation,
+    attempts, max_attempts, priority, enqueued_at, timeout_ms, claimed_at, rn
+FROM q LEFT JOIN taken ON true
 """
 
 
-def _claim_pg(queue_id: int, queue: str, count: int, vis: int, worker: str) -> list[ClaimedJob]:
+def _claim_pg(
+    queue: str, count: int, visibility_ms: int | None, worker: str, after_reap: bool
+) -> tuple[list[ClaimedJob], tuple | None]:
+    """Run :data:`_CLAIM_PG`; return ``(jobs, None)``, or ``([], (id, concurrency, visibility_ms, expired))``
+    when the queue needs the slower path (a concurrency limit, or expired leases unless ``after_reap``).
+
+    Raises :class:`QueueNotFound`.
+    """
     conn = db.connection()
     pairs = [receipts.new_secret() for _ in range(count)]
     # Autocommit: this statement is its own transaction, and set_config(..., true)
     # relaxes just that transaction's commit (see db.relaxed_commit).
     relax = " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed" if db.relaxed_commit(conn) else ""
-    sql = _CLAIM_PG.format(now=db.now_sql(conn), relax=relax, job=JOB, lease=LEASE, counter=COUNTER)
+    sql = _CLAIM_PG.format(now=db.now_sql(conn), relax=relax, queue=QUEUE, job=JOB, lease=LEASE, counter=COUNTER)
     with db.hot_cursor(conn) as cur:
         cur.execute(
             sql,
             {
-                "q": queue_id,
+                "name": queue,
+                "after_reap": after_reap,
                 "n": count,
                 "w": worker,
                 "cap": CLAIM_PAYLOAD_CAP_BYTES,
-                "vis": vis,
+                "vis": visibility_ms,
                 "hashes": ",".join(digest for _, digest in pairs),  # hex: one text, not an array to encode
             },
         )
         rows = cur.fetchall()
-    rows.sort(key=lambda r: (-r[6], r[0]))
+    if not rows:
+        raise QueueNotFound(f"no such queue: {queue}", field="queue")
+    queue_id, concurrency, default_vis, expired, vis = rows[0][:5]
+    if vis is None:  # not claimed here: the caller takes the slower path
+        return [], (queue_id, concurrency, default_vis, expired)
+    rows = sorted((r[5:] for r in rows if r[5] is not None), key=lambda r: (-r[6], r[0]))
     jobs = []
-    for seq, uid, payload, generation, attempts, max_attempts, priority, enqueued_at, _run_at, timeout_ms, claimed, rn in rows:
+    for seq, uid, payload, generation, attempts, max_attempts, priority, enqueued_at, timeout_ms, claimed, rn in rows:
         deadline = claimed + vis if not timeout_ms else min(claimed + vis, claimed + timeout_ms)
         jobs.append(
             ClaimedJob(
@@ -196,7 +216,7 @@ def _claim_pg(queue_id: int, queue: str, count: int, vis: int, worker: str) -> l
                 claimed_at=claimed,
             )
         )
-    return jobs
+    return jobs, None
 
 
 def _claim_once(queue_id: int, queue: str, count: int, vis: int, worker: str, relaxed: bool = False) -> list[ClaimedJob]:
