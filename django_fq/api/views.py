@@ -8,6 +8,12 @@ CLI's ``--json`` does (but ``created`` is ``true``/``false``).
 The views opt out of ``ATOMIC_REQUESTS``: django-fq runs its own short
 transactions (and retries them on deadlocks only when it owns them), and a
 long poll must not sit in a transaction for 20 seconds.
+
+The lease views (claim, ack, nack, release, extend) are marked
+``sensitive_variables``: Django's error reports of a 500 (the mail to
+``ADMINS``, error-tracking tools that honour the mark) show the local
+variables of every frame under them as stars, so the receipts in their
+bodies and in the services' arguments stay out of those reports.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import asdict
 from django.db import connections
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from django.views.decorators.debug import sensitive_variables
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
@@ -548,6 +555,7 @@ class ClaimView(FqAPIView):
         responses={200: s.ClaimedJobSerializer(many=True), **_errors(*_COMMON, 404, 413, 415)},
         tags=["leases"],
     )
+    @sensitive_variables()  # error reports must not show receipts (see the module docstring)
     def post(self, request, queue):
         body = _body(request, {"count", "visibility_ms", "wait_ms", "worker"})
         jobs = longpoll.claim(
@@ -573,6 +581,7 @@ class AckView(FqAPIView):
         responses={200: s.SettleSerializer, **_errors(*_COMMON, 404, 409, 413, 415)},
         tags=["leases"],
     )
+    @sensitive_variables()  # error reports must not show receipts (see the module docstring)
     def post(self, request, queue):
         body = _body(request, {"receipt", "result"}, required=("receipt",))
         return Response(_settled(services.ack(queue, body["receipt"], result=body.get("result"))))
@@ -591,6 +600,7 @@ class NackView(FqAPIView):
         responses={200: s.SettleSerializer, **_errors(*_COMMON, 404, 409, 413, 415)},
         tags=["leases"],
     )
+    @sensitive_variables()  # error reports must not show receipts (see the module docstring)
     def post(self, request, queue):
         body = _body(request, {"receipt", "delay_ms", "error", "permanent"}, required=("receipt",))
         permanent = _given(body, "permanent", False)
@@ -615,6 +625,7 @@ class ReleaseView(FqAPIView):
         responses={200: s.SettleSerializer, **_errors(*_COMMON, 404, 409, 413, 415)},
         tags=["leases"],
     )
+    @sensitive_variables()  # error reports must not show receipts (see the module docstring)
     def post(self, request, queue):
         body = _body(request, {"receipt", "error"}, required=("receipt",))
         return Response(_settled(services.release(queue, body["receipt"], error=body.get("error"))))
@@ -633,6 +644,7 @@ class ExtendView(FqAPIView):
         responses={200: s.DeadlineSerializer, **_errors(*_COMMON, 404, 409, 413, 415)},
         tags=["leases"],
     )
+    @sensitive_variables()  # error reports must not show receipts (see the module docstring)
     def post(self, request, queue):
         body = _body(request, {"receipt", "visibility_ms"}, required=("receipt", "visibility_ms"))
         deadline = services.extend(queue, body["receipt"], visibility_ms=body["visibility_ms"])
