@@ -11,4 +11,4 @@ class FqConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import checks, scheduler  # noqa: F401  (register the system checks)
+        from . import checks, scheduler, security_checks  # noqa: F401  (register the system checks)

@@ -27,10 +27,11 @@ import sys
 import threading
 
 from django.conf import settings
+from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
-from django_fq import handlers, services, validation
+from django_fq import conf, handlers, services, validation
 from django_fq.exceptions import InvalidArgument, QueueNotFound
 from django_fq.worker import SUPERVISOR_ENV, Supervisor, Worker, WorkerConfigError, child_command
 
@@ -133,6 +134,7 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         self._setup_logging(options["verbosity"])
         self._validate(options)
+        self._check_database(options)
         try:
             handlers.autodiscover()
         except (ImportError, ValueError) as exc:
@@ -257,6 +259,19 @@ class Command(BaseCommand):
         except (OSError, ValueError) as exc:  # address in use, not an address of this host, ...
             reason = getattr(exc, "strerror", None) or str(exc)
             raise CommandError(f"--metrics-port: cannot listen on {addr}:{port}: {reason}") from None
+
+    def _check_database(self, options: dict) -> None:
+        """SQLite: run the database checks on ``FQ_DATABASE`` before working, as ``migrate`` does.
+
+        A SQLite file database without WAL (``django_fq.E004``) stops the
+        worker here: worker processes and web requests sharing it would block
+        each other. ``--skip-checks`` or ``SILENCED_SYSTEM_CHECKS`` lets it start.
+        Other databases are not asked anything here, so a worker can start
+        while its PostgreSQL server is still coming up (it reconnects).
+        """
+        if options.get("skip_checks") or connections[conf.database()].vendor != "sqlite":
+            return
+        self.check(tags=[Tags.database], databases=[conf.database()])
 
     def _supervise(self, options: dict) -> None:
         """Run ``--processes`` copies of this command (each with ``--processes 1``) under a :class:`Supervisor`."""
