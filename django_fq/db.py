@@ -53,7 +53,7 @@ class DbNow(Func):
 
     output_field = BigIntegerField()
 
-    def as_sql(self, compiler, connection, **extra):
+    def as_sql(self, compiler, connection, *args, **extra):
         return now_sql(connection), []
 
 
@@ -168,7 +168,7 @@ def hot_cursor(conn):
 
     conn.ensure_connection()
     with conn.wrap_database_errors:
-        raw = ServerBindingCursor(conn.connection)
+        raw = ServerBindingCursor(conn.connection)  # type: ignore[call-arg]  # psycopg's Cursor(connection)
     return conn._prepare_cursor(raw)
 
 

@@ -24,7 +24,6 @@ from django.db import models
 from django.db.models import Q
 
 
-
 class Stored(models.TextChoices):
     """Stored job states (``queued`` covers the reported ``scheduled`` and ``ready``)."""
 
@@ -234,3 +233,6 @@ class QueueCounter(CounterFields):
 
     class Meta:
         db_table = "django_fq_counter"
+
+    def __str__(self) -> str:
+        return f"counter shard {self.pk} of queue {self.queue_id}"

@@ -154,7 +154,7 @@ class Listener:
         for callback in subscribers:
             try:
                 callback(queue)
-            except Exception:  # noqa: BLE001 - a broken subscriber must not stop the listener
+            except Exception:  # a broken subscriber must not stop the listener
                 log.exception("wakeup subscriber failed")
 
     def _changed(self, mark, queues) -> bool:

@@ -103,7 +103,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import Error as DjangoDbError
 from django.db import OperationalError, connections
@@ -122,6 +122,7 @@ from .exceptions import (
 from .types import ClaimedJob, SettleResult
 
 log = logging.getLogger("django_fq.worker")
+_T = TypeVar("_T")
 
 #: Anything shaped like a receipt (``fq1.<job>.<generation>.<secret>``), masked in log lines.
 _RECEIPT_TEXT = re.compile(r"fq1\.[0-9A-Za-z_.\-]+")
@@ -916,7 +917,7 @@ class Worker:
                     handed_over = self._queue_ack(seq, running, outcome)
                     if not handed_over:
                         self.settle(running, outcome)
-                except Exception as exc:  # noqa: BLE001 - a runner thread must survive anything
+                except Exception as exc:  # a runner thread must survive anything
                     log.exception("worker internal error")
                     emit(logging.ERROR, "worker.internal_error", **running.where(), error=_summary(exc))
                 finally:
@@ -980,7 +981,7 @@ class Worker:
                 for queue_name, entries in by_queue.items():
                     try:
                         self._ack_batch(queue_name, entries)
-                    except Exception as exc:  # noqa: BLE001 - the completer must survive anything
+                    except Exception as exc:  # the completer must survive anything
                         log.exception("worker internal error")
                         emit(logging.ERROR, "worker.internal_error", worker=self.worker_id, step="ack", error=_summary(exc))
                     finally:
@@ -992,7 +993,7 @@ class Worker:
     def _ack_batch(self, queue_name: str, entries: list) -> None:
         """Ack ``entries`` of one queue with one ``ack_many``; log and count each like :meth:`settle`."""
         pending = []
-        for seq, running, outcome in entries:
+        for _seq, running, outcome in entries:
             reason = running.state.lost_reason()
             if reason is not None:  # the lease went away after the handler returned
                 self._count("settle_errors")
@@ -1014,7 +1015,7 @@ class Worker:
             for running, outcome in pending:
                 emit(logging.ERROR, "job.not_settled", **running.where(), ms=outcome.elapsed_ms, code=exc.code, reason=exc.message)
             return
-        for (running, outcome), settled in zip(pending, results):
+        for (running, outcome), settled in zip(pending, results, strict=True):
             where = running.where()
             if isinstance(settled, ReceiptCancelled):
                 self._count("settle_errors")
@@ -1121,7 +1122,7 @@ class Worker:
         )
         return settled
 
-    def _settle_call(self, running: _Running, op: str, call: Callable[[], SettleResult]) -> SettleResult:
+    def _settle_call(self, running: _Running, op: str, call: Callable[[], _T]) -> _T:
         """Run a settle; on a database error close the connection and repeat it until the answer is known."""
         give_up = time.monotonic() + SETTLE_RETRY_S
         pause = 0.05
@@ -1146,7 +1147,7 @@ class Worker:
                 emit(logging.WARNING, "worker.reconnected", worker=self.worker_id, step=op, tries=tries, replay=replay)
             return result
 
-    def _inject(self, op: str, call: Callable[[], SettleResult]) -> SettleResult:
+    def _inject(self, op: str, call: Callable[[], _T]) -> _T:
         """Test hook: ``FQ_TEST_WORKER_FAULTS`` can drop the connection around the first settles.
 
         ``ack_before=N``: the first N acks fail before reaching the database;
@@ -1310,7 +1311,7 @@ class Worker:
         if scheduler is not None:
             try:
                 enqueued = scheduler.run_due()
-            except Exception as exc:  # noqa: BLE001 - a broken schedule must not stop the reaper
+            except Exception as exc:  # a broken schedule must not stop the reaper
                 emit(logging.ERROR, "scheduler.error", error=_summary(exc))
                 if is_db_error(exc):
                     raise

@@ -116,7 +116,7 @@ def counter_sums(conn, queue_id: int, names=COUNTER_NAMES) -> dict[str, int]:
     with conn.cursor() as cur:
         cur.execute(f"SELECT {cols} FROM {COUNTER} WHERE queue_id = %s", [queue_id])
         row = cur.fetchone()
-    return {n: int(v) for n, v in zip(names, row)}
+    return {n: int(v) for n, v in zip(names, row, strict=True)}
 
 
 def history_entry(at: int, attempt: int, kind: str, error: str, worker: str = "") -> dict:
@@ -149,7 +149,7 @@ def dumps(value) -> str:
 def fetch_dicts(cur) -> list[dict]:
     """All rows of ``cur`` as dicts keyed by column name."""
     names = [c[0] for c in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
 def load_json(value):

@@ -19,7 +19,7 @@ from django.db import IntegrityError
 from .. import conf, db, validation
 from ..exceptions import InvalidArgument, InvalidTime, QueueFull
 from ..types import EnqueueResult
-from ._base import COUNTER, JOB, QUEUE, TOKEN, add_counters, get_or_create_queue, policy_of, counter_sums
+from ._base import COUNTER, JOB, QUEUE, TOKEN, add_counters, counter_sums, get_or_create_queue, policy_of
 from .queues import POLICY_BOUNDS
 
 #: Keys an enqueue envelope may carry (the REST body and ``enqueue_many`` items).
@@ -210,7 +210,7 @@ def _insert_plain_pg(conn, queue: str, items: list[_Item]) -> list[EnqueueResult
                     "payload": it.payload,
                     "size": it.size,
                 }
-                for i, (uid, it) in enumerate(zip(uids, items))
+                for i, (uid, it) in enumerate(zip(uids, items, strict=True))
             ],
             ensure_ascii=False,
         ),
@@ -303,8 +303,8 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool) -> list[Enqueue
 
     live_tokens = _claim_tokens(conn, now, q.id, pol, items, uids, first_by_token)
 
-    # Resolve each item to an existing job, an earlier item, or a new job.
-    results: list[EnqueueResult | None] = [None] * len(items)
+    # Resolve each item to an existing job, an earlier item, or a new job (one result per item, in order).
+    results: list[EnqueueResult] = []
     keys = {it.unique_key for it in items if it.unique_key is not None and it.token not in live_tokens}
     active_keys = _active_keys(conn, q.id, keys)
     key_owner: dict[str, int] = {}
@@ -313,11 +313,11 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool) -> list[Enqueue
     for i, it in enumerate(items):
         if it.token is not None:
             if it.token in live_tokens:
-                results[i] = EnqueueResult(live_tokens[it.token], False)
+                results.append(EnqueueResult(live_tokens[it.token], False))
                 continue
             first = first_by_token[it.token]
             if first != i:
-                results[i] = EnqueueResult(results[first].id, False)
+                results.append(EnqueueResult(results[first].id, False))
                 continue
         if it.unique_key is not None:
             if it.unique_key in active_keys:
@@ -328,11 +328,11 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool) -> list[Enqueue
                 key_owner[it.unique_key] = i
                 target = None
             if target is not None:
-                results[i] = EnqueueResult(target, False)
+                results.append(EnqueueResult(target, False))
                 if it.token is not None:
                     token_fixups[it.token] = target
                 continue
-        results[i] = EnqueueResult(uids[i], True)
+        results.append(EnqueueResult(uids[i], True))
         new.append(i)
 
     if new:
@@ -343,19 +343,21 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool) -> list[Enqueue
             if uids[i] in created:
                 continue
             # A concurrent enqueue committed an active job with this unique key first.
-            target = _active_keys(conn, q.id, {items[i].unique_key}).get(items[i].unique_key)
+            key = items[i].unique_key
+            target = _active_keys(conn, q.id, {key}).get(key) if key is not None else None
             if target is None:
                 created |= _insert_jobs(conn, now, q.id, pol, items, uids, [i])
                 if uids[i] in created:
                     continue
                 raise InvalidArgument("unique_key is contended; try again", field="unique_key")
             results[i] = EnqueueResult(target, False)
-            if items[i].token is not None:
-                token_fixups[items[i].token] = target
+            token = items[i].token
+            if token is not None:
+                token_fixups[token] = target
             for token, uid in token_fixups.items():  # followers' tokens pointed at the loser
                 if uid == uids[i]:
                     token_fixups[token] = target
-            for j, it in enumerate(items):  # later items that followed this one
+            for j in range(len(items)):  # later items that followed this one
                 if j != i and results[j].id == uids[i]:
                     results[j] = EnqueueResult(target, False)
     for token, target in token_fixups.items():
@@ -423,15 +425,15 @@ def _claim_tokens(conn, now, queue_id, pol, items, uids, first_by_token) -> dict
 
 def _active_keys(conn, queue_id: int, keys: set) -> dict[str, str]:
     """``{unique_key: uid}`` of the queue's scheduled/ready/running jobs holding one of ``keys``."""
-    keys = sorted(k for k in keys if k is not None)
-    if not keys:
+    wanted = sorted(k for k in keys if k is not None)
+    if not wanted:
         return {}
-    marks = ", ".join(["%s"] * len(keys))
+    marks = ", ".join(["%s"] * len(wanted))
     with conn.cursor() as cur:
         cur.execute(
             f"SELECT unique_key, uid FROM {JOB} WHERE queue_id = %s AND state IN ('queued', 'running') "
             f"AND unique_key IN ({marks})",
-            [queue_id, *keys],
+            [queue_id, *wanted],
         )
         return dict(cur.fetchall())
 
@@ -443,13 +445,13 @@ def _lock_keys(conn, queue_id: int, keys: set) -> None:
     holding the same keys in opposite orders would wait on each other's
     index entries; locking the keys first, sorted, makes them queue up instead.
     """
-    keys = sorted(k for k in keys if k is not None)
-    if len(keys) < 2 or conn.vendor != "postgresql":
+    ordered = sorted(k for k in keys if k is not None)
+    if len(ordered) < 2 or conn.vendor != "postgresql":
         return
     with conn.cursor() as cur:
         cur.execute(
             "SELECT pg_advisory_xact_lock(%s, hashtext(k)) FROM unnest(%s::text[]) AS k ORDER BY k",
-            [queue_id, keys],
+            [queue_id, ordered],
         )
 
 

@@ -14,7 +14,7 @@ from .. import db, validation
 from ..exceptions import InvalidArgument, InvalidCursor, InvalidState, JobNotFound, WaitTimeout
 from ..models import Job, Lease
 from ..types import STATE_NAMES, TIMING_NAMES, TOTAL_NAMES, JobInfo, JobPage, JobState, QueueStats
-from ._base import add_counters, counter_sums, append_history, get_queue, history_entry, manager
+from ._base import add_counters, append_history, counter_sums, get_queue, history_entry, manager
 from .queues import counts
 
 FINAL_STATES = frozenset({"succeeded", "dead", "cancelled"})
@@ -310,4 +310,4 @@ def wait(queue: str, job_id: str, *, timeout_ms: int) -> JobInfo:
         pause = min(pause * 2, 0.5)
 
 
-__all__ = ["get", "jobs", "stats", "retry", "requeue", "cancel", "wait", "JobState"]
+__all__ = ["JobState", "cancel", "get", "jobs", "requeue", "retry", "stats", "wait"]

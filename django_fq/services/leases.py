@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from .. import db, receipts, validation, wakeup
 from ..conf import CLAIM_PAYLOAD_CAP_BYTES
@@ -77,9 +78,11 @@ def claim(
     validation.integer(wait_ms, "wait_ms", 0, validation.MAX_WAIT_MS)
     worker = validation.worker_id(worker)
     validation.queue_name(queue)
+    if not wait_ms:
+        return _claim_round(queue, count, visibility_ms, worker)
     give_up = time.monotonic() + wait_ms / 1000
     while True:
-        mark = wakeup.listener().mark() if wait_ms else None
+        mark = wakeup.listener().mark()
         jobs = _claim_round(queue, count, visibility_ms, worker)
         remaining = give_up - time.monotonic()
         if jobs or remaining <= 0:
@@ -200,7 +203,7 @@ def _claim_pg(
         return [], (queue_id, concurrency, default_vis, expired)
     rows = sorted((r[5:] for r in rows if r[5] is not None), key=lambda r: (-r[6], r[0]))
     jobs = []
-    for seq, uid, payload, generation, attempts, max_attempts, priority, enqueued_at, timeout_ms, claimed, rn in rows:
+    for _seq, uid, payload, generation, attempts, max_attempts, priority, enqueued_at, timeout_ms, claimed, rn in rows:
         deadline = claimed + vis if not timeout_ms else min(claimed + vis, claimed + timeout_ms)
         jobs.append(
             ClaimedJob(
@@ -250,7 +253,8 @@ def _claim_once(queue_id: int, queue: str, count: int, vis: int, worker: str, re
                 .select_for_update(skip_locked=True)
                 .values_list("seq", "payload_size")[:count]
             )
-            seqs, total = [], 0
+            seqs: list[int] = []
+            total = 0
             for seq, size in picked:
                 if seqs and total + size > CLAIM_PAYLOAD_CAP_BYTES:
                     break
@@ -367,7 +371,7 @@ def _ack(queue: str, items: list[tuple[str, str | None, str]]) -> list:
         if rest:
             # Replays, stale or forged receipts, expired leases, a missing queue: judged one by one.
             judged = _ack_judged(queue, [items[i] for i in rest])
-            for i, outcome in zip(rest, judged):
+            for i, outcome in zip(rest, judged, strict=True):
                 results[i] = outcome
         return _replay_repeats(items, results)
     return _replay_repeats(items, _ack_judged(queue, items))
@@ -694,7 +698,7 @@ def _locked_lease(conn, queue_id: int, receipt: str, op: str, args: str | None =
     return found
 
 
-def _locked_leases(conn, queue_id: int, requests: list[tuple[str, str, str | None]], *, judge: bool = True) -> list:
+def _locked_leases(conn, queue_id: int, requests: Sequence[tuple[str, str, str | None]], *, judge: bool = True) -> list:
     """Batch form of :func:`_locked_lease` for ``(receipt, op, args)`` requests.
 
     Returns per request: the locked live lease row (a dict), a replay
@@ -726,7 +730,7 @@ def _locked_leases(conn, queue_id: int, requests: list[tuple[str, str, str | Non
             rows = {r["uid"]: {"live": 1, **r} for r in fetch_dicts(cur)}
     out: list = []
     taken: set[str] = set()
-    for p, (_, op, args) in zip(parsed, requests):
+    for p, (_, op, args) in zip(parsed, requests, strict=True):
         if p is None:
             out.append(InvalidReceipt(field="receipt"))
             continue
@@ -785,7 +789,7 @@ def _replay_or_error(conn, queue_id: int, parsed, op: str, args: str | None):
         if row[1] == "cancel":
             return ReceiptCancelled(field="receipt")
         if row[1] == op and args is not None and row[2] == args:
-            outcome = load_json(row[3]) or {}
+            outcome: Any = load_json(row[3]) or {}
             return SettleResult(id=parsed.job_id, state=outcome.get("state"), run_at=outcome.get("run_at"), replay=True)
     return InvalidReceipt(field="receipt")
 
@@ -826,6 +830,7 @@ def fail_attempt(
         "settled_hash": lease["receipt_hash"],
         "settled_op": settled_op,
     }
+    outcome: dict[str, Any]
     if dead:
         outcome = {"state": "dead", "run_at": None}
         changes.update(state="dead", finished_at=now)

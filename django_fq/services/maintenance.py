@@ -26,7 +26,7 @@ def reap(queue: str | None = None, *, limit: int = 10_000) -> ReapResult:
     expired = timed_out = dead = 0
     while expired + timed_out < limit:
         step = min(BATCH, limit - expired - timed_out)
-        e, t, d = db.retrying(lambda: expire_leases(db.connection(), queue_id=queue_id, limit=step))
+        e, t, d = db.retrying(lambda step=step: expire_leases(db.connection(), queue_id=queue_id, limit=step))
         expired, timed_out, dead = expired + e, timed_out + t, dead + d
         if e + t < step:
             break

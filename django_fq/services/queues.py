@@ -74,8 +74,8 @@ def policy(queue: str) -> QueuePolicy:
 
 def queues() -> list[QueueInfo]:
     """Every queue, by name, with its policy and its job counts per reported state."""
-    from ._base import manager
     from ..models import Queue
+    from ._base import manager
 
     rows = list(manager(Queue).order_by("name"))
     counts = _counts_by_queue()
