@@ -46,6 +46,7 @@ def _parse(argv=None):
     p.add_argument("--keys", type=int, default=40, help="size of the shared unique-key space")
     p.add_argument("--sequential", action="store_true")
     p.add_argument("--retry-db-errors", action="store_true")
+    p.add_argument("--stop-file", help="a sequential producer also stops as soon as this file exists")
     p.add_argument("--pace-ms", type=float, default=0.0, help="pause between two enqueues of a sequential producer")
     p.add_argument("--backlog", type=int, default=300, help="producers pause while more jobs than this are ready")
     p.add_argument("--extend-ms", type=int, default=1500, help="visibility of every extend (the checker needs it)")
@@ -144,7 +145,7 @@ def _sequential_producer(args, n: int, stop_at: float, tally: Tally, out) -> Non
 
     queue = args.queues.split(",")[0]
     i = 0
-    while time.monotonic() < stop_at:
+    while time.monotonic() < stop_at and not (args.stop_file and os.path.exists(args.stop_file)):
         tok = f"{args.name}{n}-{i}"
         while True:
             try:

@@ -156,8 +156,8 @@ def kill_storm(
     The victim is drawn among the workers that have claimed jobs already (a
     process still importing Django holds nothing worth killing), and is
     replaced at once by a new process. Jobs sleep 0–5 ms
-    and record their run. With ``minutes`` the storm goes on that long (a
-    feeder keeps the queue stocked with batches of ``jobs``); otherwise it
+    and record their run. With ``minutes`` the storm goes on that long from
+    the first claim (a feeder keeps the queue stocked with batches of ``jobs``); otherwise it
     stops when every job succeeded. The survivors then get SIGTERM and must
     exit 0. Checked: every invariant with ``drained=True``.
     """
@@ -186,15 +186,19 @@ def kill_storm(
 
     live = [start() for _ in range(workers)]
     everyone = list(live)
-    soak_until = started + minutes * 60 if minutes else None
-    hard_stop = started + (timeout_s or max(600.0, jobs / 20.0) + (minutes or 0) * 60)
+    soak_until = None  # the storm's clock starts when the first worker claims (start-up can take seconds)
+    # Generous: on a busy 2-core machine a replacement worker needs many seconds to start.
+    hard_stop = started + (timeout_s or max(900.0, jobs / 2.0) + (minutes or 0) * 60)
     last_note = 0.0
     try:
         while time.monotonic() < hard_stop:
             time.sleep(rng.uniform(*kill_every_s))
             stats = fq.stats(WORK)
             done = stats.counts["succeeded"]
-            if soak_until is not None and time.monotonic() < soak_until:
+            working = _working_pids()
+            if minutes and soak_until is None and working:
+                soak_until = time.monotonic() + minutes * 60
+            if minutes and (soak_until is None or time.monotonic() < soak_until):
                 pending = stats.counts["ready"] + stats.counts["scheduled"]
                 if pending < jobs // 2:
                     enqueue(jobs)
@@ -202,7 +206,6 @@ def kill_storm(
             elif done >= total:
                 break
             # A worker still starting up (seconds on a busy machine) holds nothing: kill one that works.
-            working = _working_pids()
             ready = [w for w in live if w.pid in working]
             if not ready:
                 continue
@@ -286,7 +289,8 @@ def db_restart(
 
     Producers (separate processes) enqueue one job at a time, each with its
     own idempotency token, and repeat a token after a database error until it
-    goes through. The restarts are spread over the first 80 % of ``seconds``.
+    goes through. ``seconds`` count from the moment every worker serves and
+    every producer has enqueued; the restarts are spread over their first 80 %.
     Checked: every invariant, every producer's token is exactly one job, every
     worker saw the outage and reconnected, and no worker process died.
     """
@@ -306,21 +310,31 @@ def db_restart(
         for n in range(workers)
     ]
     makers = [
-        procs.actor("producer", logs / f"producer-{n}.log", f"--queues={WORK}", f"--seconds={seconds}", "--sequential",
+        procs.actor("producer", logs / f"producer-{n}.log", f"--queues={WORK}", f"--seconds={seconds + 600}",
+                    f"--stop-file={logs / 'producers.stop'}", "--sequential",
                     "--retry-db-errors", f"--name=p{n}-", "--pace-ms=2", f"--out={logs / f'producer-{n}.json'}")
         for n in range(producers)
     ]
+    stop_file = logs / "producers.stop"
     try:
+        # The clock starts once every worker serves and every producer has enqueued (start-up takes seconds).
+        for w in pool:
+            w.wait_ready(120)
+        _wait(lambda: all(_read_jsonl(logs / f"producer-{n}.json.jsonl") for n in range(producers)), 120,
+              "every producer to enqueue")
+        ready_at = time.monotonic()
         for k in range(restarts):
-            at = started + seconds * 0.8 * (k + 1) / (restarts + 0.5)
+            at = ready_at + seconds * 0.8 * (k + 1) / (restarts + 0.5)
             time.sleep(max(0.0, at - time.monotonic()))
             _log(progress, f"db-restart: restarting PostgreSQL ({k + 1}/{restarts})")
             connections.close_all()
             restart_postgres()
             connections.close_all()
             outcome.restarts += 1
+        time.sleep(max(0.0, ready_at + seconds - time.monotonic()))
+        stop_file.write_text("stop")
         for m in makers:
-            code = m.wait(seconds + 300)
+            code = m.wait(300)
             if code != 0:
                 outcome.problems.append(f"producer pid {m.pid} exited {code}:\n{m.text()[-1500:]}")
         if not _wait_drained([WORK], 300, progress, "db-restart"):
@@ -332,7 +346,10 @@ def db_restart(
                 outcome.problems.append(f"worker pid {w.pid} never saw the outage")
             elif not w.count(r"worker\.reconnected "):
                 outcome.problems.append(f"worker pid {w.pid} never logged that it reconnected")
+    except (TimeoutError, AssertionError) as exc:
+        outcome.problems.append(str(exc))
     finally:
+        stop_file.write_text("stop")
         _stop_all([w for w in pool if w.alive()], outcome.problems)
         for p in makers + pool:
             if p.alive():

@@ -1,8 +1,9 @@
 """The chaos scenarios at CI size (slow tier): each must keep every invariant and report no problem.
 
 CI sizes (both database legs of ``make test-slow`` together stay around five
-minutes): kill storm 1,000 jobs, stress 20 s, database restart 20 s,
-partition one round, SQLite busy writer 1,000 jobs. ``FQ_CHAOS_JOBS`` and
+minutes): a 20 s kill storm (from the first claim) fed in batches of 500
+jobs, stress 20 s, database restart 20 s, one partition round, SQLite busy
+writer 1,000 jobs. ``FQ_CHAOS_JOBS`` and
 ``FQ_CHAOS_SECONDS`` scale them up for a longer local run; ``make chaos``
 runs the full sizes (20,000 jobs, 2 minutes) on a fresh database.
 Each test prints its summary line (``pytest -s`` shows it).
@@ -20,6 +21,7 @@ from . import invariants, netns, scenarios
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 JOBS = int(os.environ.get("FQ_CHAOS_JOBS", "1000"))
+STORM_BATCH = int(os.environ.get("FQ_CHAOS_STORM_BATCH", "500"))
 SECONDS = float(os.environ.get("FQ_CHAOS_SECONDS", "20"))
 
 
@@ -40,10 +42,10 @@ def _passed(outcome: scenarios.Outcome) -> None:
 
 
 def test_kill_storm_loses_nothing_and_keeps_every_invariant(out):
-    outcome = scenarios.kill_storm(out, jobs=JOBS, workers=4)
+    outcome = scenarios.kill_storm(out, jobs=STORM_BATCH, workers=4, minutes=SECONDS / 60)
     _passed(outcome)
     r = outcome.report
-    assert r.jobs == r.succeeded == JOBS
+    assert r.jobs == r.succeeded >= STORM_BATCH
     assert outcome.kills >= 3 and outcome.restarts == outcome.kills
     assert r.unrecorded_runs + r.duplicates > 0  # the kills did land mid-lease
 
