@@ -143,6 +143,23 @@ def test_restored_jobs_keep_their_claim_order():
     assert got == [u for i, u in enumerate(made) if i % 2] + [u for i, u in enumerate(made) if not i % 2]
 
 
+def test_many_batches_round_trip_in_order():
+    """More rows than one insert statement (200) and one existence check (500) take; order and tokens intact."""
+    n = 1234
+    fq.enqueue_many(
+        "bk:many", [{"payload": {"i": i}, "idempotency": f"t{i}" if i % 3 == 0 else None} for i in range(n)]
+    )
+    before = dump()
+    text = export_text(["bk:many"])
+    wipe()
+    summary = restore(text)
+    assert (summary.jobs_created, summary.tokens_created) == (n, len(range(0, n, 3)))
+    assert comparable(dump()) == comparable(before)
+    assert [c.payload["i"] for c in fq.claim("bk:many", count=1000)] == list(range(1000))
+    again = restore(text)
+    assert (again.jobs_created, again.jobs_skipped, again.tokens_skipped) == (0, n, len(range(0, n, 3)))
+
+
 # --- idempotent re-import -------------------------------------------------------------------------
 
 
