@@ -11,7 +11,8 @@ summary to ``--out`` and, for producers, one JSON line per enqueue result to
   ``--retry-db-errors``, repeats the same token after a database error until
   it goes through (how an application survives a database restart).
 * ``consumer`` — claims with short leases and acks (single or batched),
-  nacks, extends then acks, releases, or abandons its jobs; records each run
+  nacks, extends then acks, releases, abandons its jobs, or acks a 300 ms
+  lease only after sleeping past its deadline; records each run
   (:func:`tests.chaos.invariants.record_run`) before settling it.
 * ``reaper`` — ``reap()`` in a loop; ``pruner`` — ``prune()`` with tiny retentions.
 
@@ -195,7 +196,7 @@ def _consumer(args, n: int, stop_at: float, tally: Tally, out) -> None:
             continue
         acks = []
         for job in jobs:
-            action = rng.choices(["ack", "nack", "extend", "release", "abandon"], [60, 10, 10, 10, 10])[0]
+            action = rng.choices(["ack", "nack", "extend", "release", "abandon", "late"], [55, 10, 10, 10, 10, 5])[0]
             try:
                 if action == "release":
                     fq.release(queue, job.receipt)
@@ -206,7 +207,10 @@ def _consumer(args, n: int, stop_at: float, tally: Tally, out) -> None:
                     deadline = fq.extend(queue, job.receipt, visibility_ms=args.extend_ms)
                     tally.op("extend")
                 started = invariants.now_ms()
-                if rng.random() < 0.2:
+                if action == "late" and job.deadline - job.claimed_at <= 300:
+                    time.sleep((job.deadline - job.claimed_at) / 1000 + 0.05)  # past the deadline: the ack must be refused
+                    tally.op("late")
+                elif rng.random() < 0.2:
                     time.sleep(rng.uniform(0, 0.02))
                 invariants.record_run(job.id, job.claimed_at, job.attempts, started, lambda end, d=deadline: end >= d,
                                       tag=f"consumer-{n}", pid=pid)
