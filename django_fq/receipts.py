@@ -16,7 +16,9 @@ import secrets
 from dataclasses import dataclass
 
 PREFIX = "fq1"
-_SHAPE = re.compile(r"^fq1\.([0-9a-f]{32})\.([0-9]{1,18})\.([A-Za-z0-9_-]{43})$")
+# Only the exact text claim() hands out: the generation without leading zeros (it
+# starts at 1), and nothing after the secret (fullmatch: "$" would let "\n" through).
+_SHAPE = re.compile(r"fq1\.([0-9a-f]{32})\.([1-9][0-9]{0,17})\.([A-Za-z0-9_-]{43})")
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ def parse(receipt: object) -> ParsedReceipt | None:
     """Split a presented receipt; ``None`` when it is not shaped like one of ours."""
     if not isinstance(receipt, str) or len(receipt) > 128:
         return None
-    m = _SHAPE.match(receipt)
+    m = _SHAPE.fullmatch(receipt)
     if not m:
         return None
     return ParsedReceipt(m.group(1), int(m.group(2)), _hash(m.group(3)))

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.django_db
 Q = "prop:regress"
 
 
-def _with_generation(receipt: str, generation: int) -> str:
+def _with_generation(receipt: str, generation: int | str) -> str:
     prefix, uid, _, secret = receipt.split(".")
     return f"{prefix}.{uid}.{generation}.{secret}"
 
@@ -52,3 +52,36 @@ def test_a_cancelled_jobs_receipt_with_an_edited_generation_is_plainly_invalid()
     with pytest.raises(InvalidReceipt) as err:
         fq.ack(Q, _with_generation(job.receipt, 2))
     assert type(err.value) is InvalidReceipt
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(lambda r: r + "\n", id="trailing-newline"),
+        pytest.param(lambda r: _with_generation(r, "0" + r.split(".")[2]), id="generation-leading-zero"),
+        pytest.param(lambda r: _with_generation(r, "00" + r.split(".")[2]), id="generation-two-zeros"),
+    ],
+)
+@pytest.mark.parametrize("op", ["ack", "nack", "release", "extend"])
+def test_only_the_exact_receipt_text_is_accepted(edit, op):
+    """Found by the state machine: ``fq1.<id>.02.<secret>`` and ``<receipt>\\n`` settled a live lease.
+
+    The receipt pattern allowed leading zeros in the generation and, matched
+    with ``$``, a trailing newline. Any text but the one claim() handed out is
+    a malformed receipt: refused, and the lease stays as it was.
+    """
+    fq.enqueue(Q, {"n": 3})
+    [job] = fq.claim(Q, visibility_ms=600_000)
+    forged = edit(job.receipt)
+    assert forged != job.receipt
+    calls = {
+        "ack": lambda r: fq.ack(Q, r),
+        "nack": lambda r: fq.nack(Q, r, delay_ms=0),
+        "release": lambda r: fq.release(Q, r),
+        "extend": lambda r: fq.extend(Q, r, visibility_ms=1000),
+    }
+    with pytest.raises(InvalidReceipt):
+        calls[op](forged)
+    info = fq.get(Q, job.id)
+    assert (info.state, info.attempts, info.lease_deadline) == ("running", 1, job.deadline)
+    calls[op](job.receipt)  # the real one still works
