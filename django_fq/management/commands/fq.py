@@ -20,6 +20,7 @@ import argparse
 import datetime as dt
 import functools
 import json
+import os
 import sys
 from dataclasses import asdict
 from typing import IO, cast
@@ -509,7 +510,14 @@ class Command(BaseCommand):
             else:
                 # The raw stream under Django's OutputWrapper (which would add line endings).
                 out = cast(IO[str], self.stdout._out)
-                res = backup.export_jsonl(out, o["queues"] or None, progress=bar)
+                try:
+                    res = backup.export_jsonl(out, o["queues"] or None, progress=bar)
+                except BrokenPipeError:
+                    # The reader went away (`fq export | head`): stop quietly, like other
+                    # Unix tools; point stdout at /dev/null so the interpreter's final
+                    # flush does not fail again.
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                    sys.exit(1)
         finally:
             if bar is not None:
                 bar.close()

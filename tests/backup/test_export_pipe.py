@@ -1,0 +1,32 @@
+"""``fq export | head``: a reader that stops early ends the export quietly (no traceback)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.worker.helpers import ROOT, child_env
+
+pytestmark = [pytest.mark.sqlite_only]
+
+
+def test_export_into_a_closed_pipe_exits_without_a_traceback(tmp_path):
+    env = child_env(0, FQ_TEST_DB="sqlite", FQ_CHILD_DB_NAME=str(tmp_path / "db.sqlite3"))
+    enqueue = (
+        "import django; django.setup(); from django.core.management import call_command; "
+        "call_command('migrate', verbosity=0); from django_fq import services as fq; "
+        "fq.enqueue_many('pipe', [{'payload': {'i': i, 'pad': 'x' * 500}} for i in range(3000)])"
+    )
+    subprocess.run([sys.executable, "-c", enqueue], cwd=ROOT, env=env, check=True, timeout=120)
+    # `fq export | head -1`: the reader closes the pipe after one line.
+    export = subprocess.Popen(
+        [sys.executable, "-m", "django", "fq", "export"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    first = export.stdout.readline()
+    export.stdout.close()
+    _, err = export.communicate(timeout=120)
+    assert b'"format":"django-fq"' in first
+    assert export.returncode == 1
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
