@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from django.db import connections
+from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.debug import sensitive_variables
@@ -105,7 +105,8 @@ class FqAPIView(APIView):
     def as_view(cls, **initkwargs):
         view = super().as_view(**initkwargs)
         # Opt out of ATOMIC_REQUESTS on every database (see the module docstring).
-        view._non_atomic_requests = set(connections)
+        for alias in connections:
+            view = transaction.non_atomic_requests(using=alias)(view)
         return view
 
     def get_authenticators(self):

@@ -25,6 +25,7 @@ import os
 import shutil
 import sys
 import threading
+from typing import Any
 
 from django.conf import settings
 from django.core.checks import Tags
@@ -171,7 +172,7 @@ class Command(BaseCommand):
                 supervisor_pid=int(supervisor) if supervisor else None,
             )
         except WorkerConfigError as exc:
-            raise CommandError(str(exc))
+            raise CommandError(str(exc)) from exc
 
         server = None
         if options["metrics_port"] is not None:
@@ -186,7 +187,7 @@ class Command(BaseCommand):
             else:
                 stats = worker.run()
         except DatabaseError as exc:  # only a --burst run gives up on the database
-            raise CommandError(f"database unavailable: {exc}")
+            raise CommandError(f"database unavailable: {exc}") from exc
         finally:
             if server is not None:
                 server.shutdown()
@@ -204,13 +205,13 @@ class Command(BaseCommand):
             try:
                 validation.queue_name(name)
             except InvalidArgument:
-                raise CommandError(f"invalid queue name {name!r}: use 1-200 characters from [A-Za-z0-9:._-]")
+                raise CommandError(f"invalid queue name {name!r}: use 1-200 characters from [A-Za-z0-9:._-]") from None
         visibility = options["visibility"]
         if visibility is not None:
             try:
                 validation.visibility(visibility)
             except InvalidArgument as exc:
-                raise CommandError(f"--visibility: {exc.message}")
+                raise CommandError(f"--visibility: {exc.message}") from exc
         for flag, key in (
             ("--poll-interval", "poll_interval"),
             ("--max-poll-interval", "max_poll_interval"),
@@ -279,7 +280,7 @@ class Command(BaseCommand):
             # Fail here, not in every child, when a queue has no handler.
             Worker(options["queues"], concurrency=options["concurrency"])
         except WorkerConfigError as exc:
-            raise CommandError(str(exc))
+            raise CommandError(str(exc)) from exc
         if not getattr(settings, "SETTINGS_MODULE", None):
             raise CommandError("--processes needs a settings module (DJANGO_SETTINGS_MODULE)")
         connections.close_all()  # the children open their own
@@ -359,8 +360,8 @@ class _DrainProgress:
         self.worker = worker
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._bar = None
-        self._redirect = None
+        self._bar: Any = None  # a tqdm bar once entered
+        self._redirect: Any = None
 
     def __enter__(self):
         try:
