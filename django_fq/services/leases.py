@@ -238,8 +238,10 @@ def _claim_once(queue_id: int, queue: str, count: int, vis: int, worker: str, re
         if db.is_postgres(conn):
             if concurrency > 0:
                 # Re-read the limit under the lock: a configure() that committed
-                # meanwhile must not be overruled by the value read above.
-                cur.execute(f"SELECT concurrency FROM {QUEUE} WHERE id = %s FOR UPDATE", [queue_id])
+                # meanwhile must not be overruled by the value read above. NO KEY
+                # UPDATE still serializes claims and configure, but does not wait
+                # for enqueues, which hold the row FOR KEY SHARE until they commit.
+                cur.execute(f"SELECT concurrency FROM {QUEUE} WHERE id = %s FOR NO KEY UPDATE", [queue_id])
                 concurrency = cur.fetchone()[0]
                 if concurrency > 0:  # 0 now means unlimited
                     cur.execute(f"SELECT COUNT(*) FROM {LEASE} WHERE queue_id = %s", [queue_id])
