@@ -38,7 +38,16 @@ def handler(queue: str) -> Callable[[Callable], Callable]:
     def register(fn: Callable) -> Callable:
         current = _registry.get(queue)
         if current is not None and current is not fn and _qualname(current) != _qualname(fn):
-            raise ValueError(f"queue {queue!r} already has handler {_qualname(current)}")
+            hint = ""
+            if "django_fq.tasks.runner.run_task" in (_qualname(current), _qualname(fn)):
+                hint = (
+                    "; a Django Tasks queue belongs to the tasks runner: give the TASKS backend "
+                    "OPTIONS['queue_prefix'] (e.g. 'tasks:') or rename the queue"
+                )
+            raise ValueError(
+                f"queue {queue!r} already has handler {_qualname(current)}; cannot also register "
+                f"{_qualname(fn)} (one handler per queue){hint}"
+            )
         _registry[queue] = fn
         return fn
 

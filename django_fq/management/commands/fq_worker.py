@@ -187,7 +187,10 @@ class Command(BaseCommand):
             else:
                 stats = worker.run()
         except DatabaseError as exc:  # only a --burst run gives up on the database
-            raise CommandError(f"database unavailable: {exc}") from exc
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if "django_fq_" in text:  # a missing table: the database is there, the migrations are not
+                raise CommandError(f"database error: {text} (run `manage.py migrate`?)") from exc
+            raise CommandError(f"database unavailable: {text}") from exc
         finally:
             if server is not None:
                 server.shutdown()
