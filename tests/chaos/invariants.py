@@ -547,8 +547,8 @@ def check(
         runs_of[seq].append((lease["gen"], start, end, bool(told), pid))
         if start < lease["claimed"]:
             report.fail("run_before_claim", f"job {uid} generation {lease['gen']}: run started {start} before its claim {claimed}")
-        if start >= lease["end"]:
-            report.late_starts += 1
+        if start >= lease["end"] and (lease["settle"] or {}).get("op") not in ("ack", "nack"):
+            report.late_starts += 1  # began after its lease had already expired or been released
         for other in per.values():
             if other is lease or not (start < other["end"] and other["claimed"] < end):
                 continue
