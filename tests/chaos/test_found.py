@@ -4,8 +4,8 @@
    ``FOR UPDATE``, which waits for every transaction holding it ``FOR KEY
    SHARE`` — and every enqueue holds that until it commits. A caller's long
    transaction that enqueued one job into the queue therefore stopped every
-   claim on it (SPEC §9: an enqueue inside a long caller transaction must not
-   block the queue). Seen as stalled consumers of the limited queue in the
+   claim on it, when an enqueue inside a long caller transaction must never
+   block the queue. Seen as stalled consumers of the limited queue in the
    stress scenario.
 """
 
