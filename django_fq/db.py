@@ -150,16 +150,23 @@ def relax_commit(conn) -> None:
         cur.execute("SET LOCAL synchronous_commit = off")
 
 
+#: Runs of a hot statement on one connection before psycopg prepares it (psycopg's own default).
+PREPARE_THRESHOLD = 5
+
+
 def hot_cursor(conn):
     """A cursor for the statements run on every job (enqueue, claim, ack), as a context manager.
 
     On PostgreSQL it binds parameters on the server, so psycopg prepares a
-    statement after it has run ``prepare_threshold`` times on the connection
-    (psycopg's default 5) and PostgreSQL stops planning it on every call
-    (planning these CTE statements costs about as much as running them).
-    Setting ``OPTIONS = {"prepare_threshold": None}`` on the database turns
-    prepared statements off, as PgBouncer in transaction mode before 1.21
-    needs. Django's cursor wrappers still apply (error translation, query
+    statement after it has run :data:`PREPARE_THRESHOLD` (5) times on the
+    connection and PostgreSQL stops planning it on every call (planning these
+    CTE statements costs about as much as running them). Django turns
+    psycopg's preparing off unless the database's ``OPTIONS`` name a
+    ``prepare_threshold``; when they do not, this turns it on for the
+    connection, which reaches only these statements (Django's own cursors bind
+    on the client and never prepare). ``OPTIONS = {"prepare_threshold": None}``
+    keeps prepared statements off, as PgBouncer in transaction mode before
+    1.21 needs. Django's cursor wrappers still apply (error translation, query
     logging with ``DEBUG``, ``execute_wrapper``). Elsewhere: ``conn.cursor()``.
     """
     if conn.vendor != "postgresql":
@@ -167,8 +174,14 @@ def hot_cursor(conn):
     from django.db.backends.postgresql.base import ServerBindingCursor
 
     conn.ensure_connection()
+    pg = conn.connection
+    if pg.prepare_threshold is None and "prepare_threshold" not in conn.settings_dict.get("OPTIONS", {}):
+        # Django turns preparing off unless OPTIONS names a prepare_threshold. Its own
+        # cursors bind on the client and never prepare, so this reaches only these
+        # statements; an explicit OPTIONS["prepare_threshold"] (None: never) wins.
+        pg.prepare_threshold = PREPARE_THRESHOLD
     with conn.wrap_database_errors:
-        raw = ServerBindingCursor(conn.connection)  # type: ignore[call-arg]  # psycopg's Cursor(connection)
+        raw = ServerBindingCursor(pg)  # type: ignore[call-arg]  # psycopg's Cursor(connection)
     return conn._prepare_cursor(raw)
 
 
