@@ -136,7 +136,10 @@ def _write(queue: str, items: list[_Item], *, batch: bool) -> list[EnqueueResult
     conn = db.connection()
     owned = not conn.in_atomic_block
     if conn.vendor == "postgresql" and all(it.token is None and it.unique_key is None and it.at is None for it in items):
-        done = db.retrying(_insert_plain_pg, conn, queue, items, atomic=False)
+        done, found = db.retrying(_insert_plain_pg, conn, queue, items, atomic=False)
+        if not found:  # a new queue: create it, then the same one statement
+            get_or_create_queue(queue)
+            done, found = db.retrying(_insert_plain_pg, conn, queue, items, atomic=False)
         if done is not None:
             return done
     try:
@@ -182,16 +185,18 @@ shard AS (
     RETURNING 1
 ),
 wake AS (SELECT pg_notify(%s, %s) WHERE EXISTS (SELECT 1 FROM ins))
-SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM bump) + (SELECT count(*) FROM shard), (SELECT count(*) FROM wake)
+SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM bump) + (SELECT count(*) FROM shard), (SELECT count(*) FROM wake),
+    (SELECT count(*) FROM q)
 """
 
 
-def _insert_plain_pg(conn, queue: str, items: list[_Item]) -> list[EnqueueResult] | None:
+def _insert_plain_pg(conn, queue: str, items: list[_Item]) -> tuple[list[EnqueueResult] | None, bool]:
     """PostgreSQL, items without token, unique key or ``at``: enqueue them in one statement.
 
-    Returns ``None`` (nothing written) when the queue does not exist yet or the
-    batch does not fit under ``FQ_MAX_JOBS_PER_QUEUE``; the general path then
-    creates the queue or raises :class:`QueueFull` with the numbers.
+    Returns ``(results, True)``; or, with nothing written, ``(None, False)``
+    when the queue does not exist yet, ``(None, True)`` when the batch does not
+    fit under ``FQ_MAX_JOBS_PER_QUEUE`` (the general path then raises
+    :class:`QueueFull` with the numbers).
     """
     n = len(items)
     uids = [secrets.token_hex(16) for _ in items]
@@ -225,10 +230,10 @@ def _insert_plain_pg(conn, queue: str, items: list[_Item]) -> list[EnqueueResult
     ]
     with db.hot_cursor(conn) as cur:
         cur.execute(sql, params)
-        inserted = cur.fetchone()[0]
+        inserted, _, _, found = cur.fetchone()
     if inserted != n:
-        return None
-    return [EnqueueResult(uid, True) for uid in uids]
+        return None, bool(found)
+    return [EnqueueResult(uid, True) for uid in uids], True
 
 
 def _parse_item(index: int, raw, limit: int) -> _Item:
