@@ -1,4 +1,7 @@
-"""PostgreSQL: the statements run for every job are prepared, unless OPTIONS["prepare_threshold"] says otherwise."""
+"""PostgreSQL: the statements run for every job are one round trip each, and prepared.
+
+Unless OPTIONS["prepare_threshold"] says otherwise (None: never prepare).
+"""
 
 from __future__ import annotations
 
@@ -40,3 +43,29 @@ def test_an_explicit_prepare_threshold_of_none_keeps_them_unprepared(monkeypatch
         assert prepared_statements() == []
     finally:
         connection.close()
+
+
+def test_a_plain_enqueue_claim_and_ack_are_one_statement_each():
+    from django.test.utils import CaptureQueriesContext
+
+    fq.enqueue("trips", {"warm": True})  # creates the queue
+    fq.ack("trips", fq.claim("trips")[0].receipt)
+    with CaptureQueriesContext(connection) as enq:
+        fq.enqueue_many("trips", [{"payload": {"i": i}} for i in range(50)])
+    with CaptureQueriesContext(connection) as clm:
+        jobs = fq.claim("trips", count=50)
+    with CaptureQueriesContext(connection) as ack:
+        fq.ack_many("trips", [(j.receipt, None) for j in jobs])
+    assert (len(enq.captured_queries), len(clm.captured_queries), len(ack.captured_queries)) == (1, 1, 1)
+    assert len(jobs) == 50 and fq.stats("trips").counts["succeeded"] == 51
+
+
+def test_bulk_enqueue_into_a_new_queue_creates_it_then_inserts_in_one_statement():
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as ctx:
+        fq.enqueue_many("trips.new", [{"payload": {"i": i}} for i in range(1000)])
+    inserts = [q["sql"] for q in ctx.captured_queries if "INSERT INTO django_fq_job" in q["sql"]]
+    # The statement that found no queue (and wrote nothing), then the same statement again.
+    assert len(inserts) == 2 and all("json_to_recordset" in sql for sql in inserts)
+    assert fq.stats("trips.new").counts["ready"] == 1000
