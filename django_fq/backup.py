@@ -820,6 +820,9 @@ def export_to_path(path: str, queues: Sequence[str] | None = None, *, progress=N
     left as it was. Raises :class:`InvalidArgument` (field ``output``) when
     the directory cannot be written.
     """
+    validation.file_path(path, "output")
+    if os.path.isdir(path):
+        raise InvalidArgument(f"cannot write {path}: it is a directory", field="output")
     directory = os.path.dirname(os.path.abspath(path))
     try:
         fd, tmp = tempfile.mkstemp(prefix=".fq-export-", suffix=".jsonl", dir=directory)
@@ -828,7 +831,10 @@ def export_to_path(path: str, queues: Sequence[str] | None = None, *, progress=N
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
             summary = export_jsonl(fh, queues, progress=progress)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise InvalidArgument(f"cannot write {path}: {exc.strerror or exc}", field="output") from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -846,6 +852,7 @@ def open_source(source: str, stdin=None):
     if source == "-":
         stream = stdin if stdin is not None else sys.stdin
         return getattr(stream, "buffer", stream), None
+    validation.file_path(source, "source")
     try:
         fh = open(source, "rb")  # noqa: SIM115 - closed by the caller through the returned file
         return fh, os.fstat(fh.fileno()).st_size

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import os
 import re
 
 from django.conf import settings
@@ -93,6 +94,17 @@ def worker_id(value: object, field: str = "worker") -> str:
     if not isinstance(value, str) or len(value) > 200 or "\x00" in value:
         raise InvalidArgument(f"{field} must be a string of at most 200 characters without NUL", field=field)
     _check_text(value, field)
+    return value
+
+
+def file_path(value: object, field: str) -> str:
+    """A file path the operating system can take: a non-empty string without NUL, in the file-system encoding."""
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise InvalidArgument(f"{field} must be a non-empty file path without NUL characters", field=field)
+    try:
+        os.fsencode(value)
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{field} is not a file name this system can use", field=field) from None
     return value
 
 

@@ -85,3 +85,31 @@ def test_only_the_exact_receipt_text_is_accepted(edit, op):
     info = fq.get(Q, job.id)
     assert (info.state, info.attempts, info.lease_deadline) == ("running", 1, job.deadline)
     calls[op](job.receipt)  # the real one still works
+
+
+@pytest.mark.parametrize("path", ["\x00", "a\x00b", "\ud800", "", "/", "/proc/self/mem", "/nonexistent-dir/a\nb"])
+@pytest.mark.parametrize(
+    "argv, field",
+    [(["export", "--output"], "output"), (["import"], "source"), (["enqueue-many", Q], "source")],
+)
+def test_file_arguments_the_system_cannot_use_are_one_line_errors(argv, field, path):
+    """Found by the CLI fuzz test: a NUL byte or lone surrogate in a path, a directory or an empty path as
+    the export's output, and a file that opens but cannot be read, ended ``fq`` with a traceback."""
+    from tests.test_cli import fq as cli
+
+    if path in ("", "/") and argv[0] != "export":
+        return  # reading "" or "/" was already a clean error
+    if path == "/proc/self/mem" and argv[0] == "export":
+        return  # not a path one writes to
+    fq.configure(Q)
+    for as_json in (False, True):
+        run = cli(*argv, path, *(["--json"] if as_json else []))
+        assert run.code == 1 and run.out == "", (run.code, run.out, run.err)
+        assert "Traceback" not in run.err and run.err.count("\n") == 1, run.err
+        if as_json:
+            import json
+
+            assert json.loads(run.err)["field"] == field
+        else:
+            assert run.err.startswith(f"fq {argv[0]}: error: ")
+    assert [q.name for q in fq.queues()] == [Q]

@@ -31,7 +31,7 @@ from django.db import OperationalError, ProgrammingError
 from ... import backup, health, services
 from ...exceptions import FqError, InvalidArgument, InvalidBackup, InvalidJson
 from ...types import STATE_NAMES, TOTAL_NAMES
-from ...validation import parse_json
+from ...validation import file_path, parse_json
 
 #: Service argument names → the command-line option that supplies them (for error messages).
 OPTION_OF_FIELD = {
@@ -262,7 +262,9 @@ class Command(BaseCommand):
         else:
             where = None if isinstance(exc, InvalidBackup) else OPTION_OF_FIELD.get(exc.field or "", exc.field)
             hint = f" ({where})" if where else ""
-            self.stderr.write(f"fq {op}: error: {exc.message}{hint}")
+            # One line, whatever the message quotes (a path or a value may hold a line break).
+            message = exc.message.replace("\r", "\\r").replace("\n", "\\n")
+            self.stderr.write(f"fq {op}: error: {message}{hint}")
         sys.exit(getattr(self, "fail_status", 1))
 
     def _emit(self, data, human) -> None:
@@ -334,12 +336,16 @@ class Command(BaseCommand):
 
     def _read(self, field: str, source: str) -> str:
         """The text of ``source``: a file path, or ``-`` for stdin."""
+        if source != "-":
+            file_path(source, field)
         try:
             if source == "-":
                 return self.stdin.read()
             with open(source, encoding="utf-8") as fh:
                 return fh.read()
-        except (OSError, UnicodeDecodeError) as exc:
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read {source}: {exc.strerror or exc}", field=field) from None
+        except UnicodeDecodeError as exc:
             raise InvalidArgument(f"cannot read {source}: {exc}", field=field) from None
 
     # --- leases -----------------------------------------------------------------------------
@@ -534,6 +540,8 @@ class Command(BaseCommand):
         bar = backup.progress_bar(self.stderr, enabled=not self.as_json, total=size, unit="B", desc="import")
         try:
             res = backup.import_jsonl(lines, dry_run=o["dry_run"], progress=bar)
+        except OSError as exc:  # the file could be opened but not read (a device, a vanished mount)
+            raise InvalidArgument(f"cannot read {o['source']}: {exc.strerror or exc}", field="source") from None
         finally:
             if bar is not None:
                 bar.close()
