@@ -8,7 +8,8 @@ epoch milliseconds and durations milliseconds, as everywhere in django-fq.
 Exit status: 0 on success; 1 when django-fq refuses the request (unknown queue
 or job, bad JSON, value out of range, invalid receipt, wrong state, …) — the
 message goes to stderr (with ``--json``: the error's JSON object) and nothing
-is changed; 2 for malformed command lines (argparse usage errors).
+is changed; 2 for malformed command lines (argparse usage errors: one line on
+stderr, with ``--json`` the object ``{"code": "usage", "message", "field"}``).
 
 Django's own options (``--settings``, ``--traceback``, …) go before the
 subcommand: ``manage.py fq --settings=mysite.settings stats emails``.
@@ -21,11 +22,12 @@ import datetime as dt
 import functools
 import json
 import os
+import re
 import sys
 from dataclasses import asdict
 from typing import IO, cast
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import OperationalError, ProgrammingError
 
 from ... import backup, health, services
@@ -89,10 +91,12 @@ class Command(BaseCommand):
         # --json is accepted before or after the operation; the operation's copy
         # leaves the value alone unless given, so it cannot reset the other.
         parser.add_argument("--json", dest="as_json", action="store_true", help="print machine-readable JSON")
+        parser.error = functools.partial(_usage_error, parser)
         sub = parser.add_subparsers(dest="op", metavar="OP", required=True, title="operations")
 
         def op(name, help_text):
             p = sub.add_parser(name, help=help_text, description=help_text)
+            p.error = functools.partial(_usage_error, p)
             p.add_argument(
                 "--json", dest="as_json", action="store_true", default=argparse.SUPPRESS, help="print machine-readable JSON"
             )
@@ -203,7 +207,7 @@ class Command(BaseCommand):
             help="critical when a job has been ready (not claimed) for longer than this (0 - 30 days; default: not checked)",
         )  # fmt: skip
         # A monitoring system reads exit 2 as "critical": a usage error must be "unknown" (3) instead.
-        p.error = functools.partial(_health_usage_error, p)
+        p.error = functools.partial(_usage_error, p, exit_code=health.UNKNOWN_EXIT)
 
         p = op(
             "export",
@@ -562,10 +566,29 @@ class Command(BaseCommand):
 # --- helpers --------------------------------------------------------------------------------
 
 
-def _health_usage_error(parser, message: str):
-    """Usage error of ``fq health``: the usage and the message on stderr, exit 3 (unknown)."""
-    parser.print_usage(sys.stderr)
-    parser.exit(health.UNKNOWN_EXIT, f"{parser.prog}: error: {message}\n")
+_ARGUMENT = re.compile(r"argument ([^\s:/]+)|arguments are required: ([^\s,]+)")
+
+
+def _usage_error(parser, message: str, *, exit_code: int = 2):
+    """A malformed command line: one line on stderr, or with ``--json`` an error object; exit ``exit_code``.
+
+    The line reads ``manage.py fq OP: error: MESSAGE (see manage.py fq OP --help)``;
+    the object is ``{"code": "usage", "message", "field"}`` with the option or
+    argument to blame (``--count``, ``JOB_ID``, …) when there is one. Inside
+    ``call_command()`` an ordinary usage error raises :class:`CommandError`, as
+    Django's own parser does; ``fq health`` exits 3 ("unknown", for monitoring)
+    wherever it runs.
+    """
+    if exit_code == 2 and not getattr(parser, "called_from_command_line", False):
+        raise CommandError(f"Error: {message}")
+    found = _ARGUMENT.search(message)
+    field = (found.group(1) or found.group(2)) if found else None
+    if "--json" in sys.argv[1:]:
+        text = json.dumps({"code": "usage", "message": message, "field": field})
+    else:
+        text = f"{parser.prog}: error: {message} (see {parser.prog} --help)"
+    sys.stderr.write(text + "\n")
+    sys.exit(exit_code)
 
 
 def _envelopes(text: str) -> list:
