@@ -177,7 +177,7 @@ def _claim_pg(
     Raises :class:`QueueNotFound`.
     """
     conn = db.connection()
-    pairs = [receipts.new_secret() for _ in range(count)]
+    pairs = receipts.new_secrets(count)
     # Autocommit: this statement is its own transaction, and set_config(..., true)
     # relaxes just that transaction's commit (see db.relaxed_commit).
     relax = " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed" if db.relaxed_commit(conn) else ""

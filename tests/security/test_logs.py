@@ -10,6 +10,8 @@ themselves never appear.
 
 from __future__ import annotations
 
+import base64
+
 import json
 import logging
 
@@ -203,12 +205,19 @@ def test_a_500_error_report_hides_the_receipts_of_lease_endpoints(settings, monk
     settings.DEBUG = False
     drawn: list[str] = []
     real_token = receipts.secrets.token_urlsafe
+    real_bytes = receipts.secrets.token_bytes
 
     def spy(nbytes=None):
         drawn.append(real_token(nbytes))
         return drawn[-1]
 
+    def spy_bytes(nbytes=None):  # a batch of secrets drawn at once: 32 bytes each
+        value = real_bytes(nbytes)
+        drawn.extend(base64.urlsafe_b64encode(value[i : i + 32]).rstrip(b"=").decode() for i in range(0, nbytes, 32))
+        return value
+
     monkeypatch.setattr(receipts.secrets, "token_urlsafe", spy)
+    monkeypatch.setattr(receipts.secrets, "token_bytes", spy_bytes)
     fq.configure(Q, backoff_ms=0)
     fq.enqueue(Q, 1)
     body = {}

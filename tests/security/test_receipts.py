@@ -35,16 +35,30 @@ def _claim_all(n: int, **kwargs) -> list:
 
 
 def test_every_claim_path_draws_256_bits_from_secrets(monkeypatch):
-    """The secret of each receipt is what ``secrets.token_urlsafe(32)`` returned, on both claim paths."""
+    """The secret of each receipt is 32 bytes the CSPRNG returned, on both claim paths.
+
+    A claim draws them one by one (``secrets.token_urlsafe(32)``) or, for a
+    batch, all at once (``secrets.token_bytes(32 * n)``, cut in 32-byte pieces).
+    """
     drawn: list[tuple[int, str]] = []
     real = receipts.secrets.token_urlsafe
+    real_bytes = receipts.secrets.token_bytes
 
     def spy(nbytes=None):
         value = real(nbytes)
         drawn.append((nbytes, value))
         return value
 
+    def spy_bytes(nbytes=None):
+        value = real_bytes(nbytes)
+        if nbytes % 32:  # not secrets (e.g. token_hex(16) for job ids)
+            return value
+        for i in range(0, nbytes, 32):
+            drawn.append((32, base64.urlsafe_b64encode(value[i : i + 32]).rstrip(b"=").decode()))
+        return value
+
     monkeypatch.setattr(receipts.secrets, "token_urlsafe", spy)
+    monkeypatch.setattr(receipts.secrets, "token_bytes", spy_bytes)
     claimed = _claim_all(3)
     fq.configure(Q, concurrency=10)  # PostgreSQL takes another statement when the queue has a limit
     claimed += _claim_all(2)
