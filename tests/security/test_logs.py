@@ -11,7 +11,6 @@ themselves never appear.
 from __future__ import annotations
 
 import base64
-
 import json
 import logging
 
