@@ -28,8 +28,19 @@ from ..exceptions import FqError
 
 
 def error_body(code: str, message: str, field: str | None = None, **extra) -> dict:
-    """The JSON body of an error response."""
-    return {"code": code, "message": message, "field": field, **extra}
+    """The JSON body of an error response.
+
+    Text that quotes the request (an unknown field's name, say) may hold a lone
+    surrogate, which no UTF-8 response can carry: it is written as ``\\udXXX``.
+    """
+    extra = {k: _printable(v) for k, v in extra.items()}
+    return {"code": code, "message": _printable(message), "field": _printable(field), **extra}
+
+
+def _printable(value):
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
 
 
 def exception_handler(exc, context):

@@ -113,3 +113,30 @@ def test_file_arguments_the_system_cannot_use_are_one_line_errors(argv, field, p
         else:
             assert run.err.startswith(f"fq {argv[0]}: error: ")
     assert [q.name for q in fq.queues()] == [Q]
+
+
+@pytest.mark.parametrize(
+    "method, path, body",
+    [
+        ("post", "jobs/", b'{"payload": 1, "\\ud800": 1}'),
+        ("post", "jobs/bulk/", b'{"jobs": [{"payload": 1, "x\\udfff": 2}]}'),
+        ("patch", "", b'{"\\ud800": 1}'),
+        ("post", "claim/", b'{"\\udc00": 1}'),
+    ],
+)
+def test_an_error_quoting_a_lone_surrogate_is_a_400_not_a_500(settings, method, path, body):
+    """Found by the API fuzz test: ``{"\\ud800": 1}`` named an unknown field whose name no UTF-8
+    response can carry, and rendering the error failed with a 500. The name is now escaped."""
+    from django.contrib.auth.models import User
+    from rest_framework.test import APIClient
+
+    settings.ROOT_URLCONF = "tests.api.urls"
+    fq.configure(Q)
+    client = APIClient()
+    client.force_authenticate(User.objects.create_superuser("s", "s@example.com", "pw"))
+    client.raise_request_exception = False
+    response = getattr(client, method)(f"/api/fq/queues/{Q}/{path}", data=body, content_type="application/json")
+    assert response.status_code == 400, response.content[:200]
+    err = response.json()
+    assert err["code"] == "invalid" and "\\ud" in err["field"], err
+    assert fq.stats(Q).totals["enqueued"] == 0
