@@ -140,3 +140,18 @@ def test_an_error_quoting_a_lone_surrogate_is_a_400_not_a_500(settings, method, 
     err = response.json()
     assert err["code"] == "invalid" and "\\ud" in err["field"], err
     assert fq.stats(Q).totals["enqueued"] == 0
+
+
+@pytest.mark.parametrize("text", ["1_0", "\u0663", "\uff13", "0x10", "1e3", "1.0", ""])
+def test_integer_options_take_ascii_decimal_digits_only(text):
+    """Found by the CLI fuzz test: ``--count 1_0`` claimed ten jobs and ``--count ٣`` three, as Python's
+    ``int()`` reads them, while the REST API refuses both. Options now take [+-]digits only."""
+    from tests.test_cli import fq as cli
+
+    for i in range(12):
+        fq.enqueue(Q, {"n": i})
+    run = cli("claim", Q, "--count", text)
+    assert run.code == 2 and "--count" in run.err and "invalid int value" in run.err, run
+    assert fq.stats(Q).counts["running"] == 0
+    assert cli("claim", Q, "--count", " +2 ", "--json").code == 0
+    assert fq.stats(Q).counts["running"] == 2

@@ -111,7 +111,7 @@ class Command(BaseCommand):
         p = op("config", "Print a queue's policy, or set policy fields (creating the queue).")
         queue(p)
         for flag, dest, metavar, text in POLICY_OPTIONS:
-            p.add_argument(f"--{flag}", dest=dest, type=int, metavar=metavar, help=text)
+            p.add_argument(f"--{flag}", dest=dest, type=_integer, metavar=metavar, help=text)
 
         op("queues", "List every queue with its policy and job counts.")
 
@@ -134,9 +134,9 @@ class Command(BaseCommand):
 
         p = op("claim", "Take up to --count eligible jobs under new leases; prints each job's receipt.")
         queue(p)
-        p.add_argument("--count", type=int, default=1, metavar="N", help="jobs at most (1-1000, default 1)")
-        p.add_argument("--visibility", dest="visibility_ms", type=int, metavar="MS", help="lease length (1 ms - 24 h; default: the queue's policy)")
-        p.add_argument("--wait", dest="wait_ms", type=int, default=0, metavar="MS", help="long-poll up to this long for a job (0-20000, default 0)")
+        p.add_argument("--count", type=_integer, default=1, metavar="N", help="jobs at most (1-1000, default 1)")
+        p.add_argument("--visibility", dest="visibility_ms", type=_integer, metavar="MS", help="lease length (1 ms - 24 h; default: the queue's policy)")
+        p.add_argument("--wait", dest="wait_ms", type=_integer, default=0, metavar="MS", help="long-poll up to this long for a job (0-20000, default 0)")
         p.add_argument("--worker", default="", help="worker id recorded on the leases")
 
         p = op("ack", "Mark the job of a receipt succeeded.")
@@ -145,7 +145,7 @@ class Command(BaseCommand):
 
         p = op("nack", "Record a failed attempt: retry after --delay or the queue's backoff, or dead when out of attempts.")
         self._receipt(p)
-        p.add_argument("--delay", dest="delay_ms", type=int, metavar="MS", help="retry after this long (0 - 30 days; default: backoff)")
+        p.add_argument("--delay", dest="delay_ms", type=_integer, metavar="MS", help="retry after this long (0 - 30 days; default: backoff)")
         p.add_argument("--error", metavar="TEXT", help="error text to record")
         p.add_argument("--permanent", action="store_true", help="make the job dead now, whatever its attempts")
 
@@ -155,7 +155,7 @@ class Command(BaseCommand):
 
         p = op("extend", "Move a lease's deadline to now + --visibility; prints the new deadline.")
         self._receipt(p)
-        p.add_argument("--visibility", dest="visibility_ms", type=int, metavar="MS", required=True, help="1 ms - 24 h")
+        p.add_argument("--visibility", dest="visibility_ms", type=_integer, metavar="MS", required=True, help="1 ms - 24 h")
 
         for name, text in (
             ("get", "Show a job: metadata, payload, result and error history."),
@@ -171,7 +171,7 @@ class Command(BaseCommand):
         queue(p)
         p.add_argument("--state", choices=STATE_NAMES, help="only jobs in this state")
         p.add_argument("--cursor", help="next_cursor of the previous page")
-        p.add_argument("--count", type=int, default=20, metavar="N", help="page size (1-1000, default 20)")
+        p.add_argument("--count", type=_integer, default=20, metavar="N", help="page size (1-1000, default 20)")
 
         p = op("stats", "Show counts per state, totals, and wait/run time sums of a queue.")
         queue(p)
@@ -179,15 +179,15 @@ class Command(BaseCommand):
         p = op("wait", "Block until a job succeeded, died or was cancelled; print it.")
         queue(p)
         p.add_argument("job_id", metavar="JOB_ID")
-        p.add_argument("--timeout", dest="timeout_ms", type=int, default=30_000, metavar="MS", help="give up after this long (0 - 24 h, default 30000); exit 1")
+        p.add_argument("--timeout", dest="timeout_ms", type=_integer, default=30_000, metavar="MS", help="give up after this long (0 - 24 h, default 30000); exit 1")
 
         p = op("reap", "Handle leases past their deadline now (as failed attempts).")
         queue(p, optional=True)
-        p.add_argument("--limit", type=int, default=10_000, metavar="N", help="leases handled at most (default 10000)")
+        p.add_argument("--limit", type=_integer, default=10_000, metavar="N", help="leases handled at most (default 10000)")
 
         p = op("prune", "Delete finished (succeeded/cancelled) jobs past the retention, and expired tokens.")
-        p.add_argument("--retention", dest="retention_ms", type=int, metavar="MS", help="default: FQ_FINISHED_RETENTION_MS (7 days)")
-        p.add_argument("--limit", type=int, default=100_000, metavar="N", help="rows of each kind deleted at most (default 100000)")
+        p.add_argument("--retention", dest="retention_ms", type=_integer, metavar="MS", help="default: FQ_FINISHED_RETENTION_MS (7 days)")
+        p.add_argument("--limit", type=_integer, default=100_000, metavar="N", help="rows of each kind deleted at most (default 100000)")
 
         p = op(
             "health",
@@ -198,12 +198,12 @@ class Command(BaseCommand):
         )
         queue(p, optional=True)
         p.add_argument(
-            "--stuck-lease-ms", dest="stuck_lease_ms", type=int, default=health.DEFAULT_STUCK_LEASE_MS, metavar="MS",
+            "--stuck-lease-ms", dest="stuck_lease_ms", type=_integer, default=health.DEFAULT_STUCK_LEASE_MS, metavar="MS",
             help=f"a lease this long past its deadline is stuck (0 - 30 days, default {health.DEFAULT_STUCK_LEASE_MS})",
         )  # fmt: skip
-        p.add_argument("--max-dead", dest="max_dead", type=int, metavar="N", help="warn when a queue has more dead jobs than this (default: not checked)")
+        p.add_argument("--max-dead", dest="max_dead", type=_integer, metavar="N", help="warn when a queue has more dead jobs than this (default: not checked)")
         p.add_argument(
-            "--max-ready-age-ms", dest="max_ready_age_ms", type=int, metavar="MS",
+            "--max-ready-age-ms", dest="max_ready_age_ms", type=_integer, metavar="MS",
             help="critical when a job has been ready (not claimed) for longer than this (0 - 30 days; default: not checked)",
         )  # fmt: skip
         # A monitoring system reads exit 2 as "critical": a usage error must be "unknown" (3) instead.
@@ -232,14 +232,14 @@ class Command(BaseCommand):
 
     @staticmethod
     def _enqueue_options(p):
-        p.add_argument("--priority", type=int, metavar="N", help="higher is claimed first (32-bit signed, default 0)")
-        p.add_argument("--delay", dest="delay_ms", type=int, metavar="MS", help="eligible this long from now (0 - 10 years); not with --at")
-        p.add_argument("--at", type=int, metavar="EPOCH_MS", help="eligible at this instant (within 10 years); not with --delay")
+        p.add_argument("--priority", type=_integer, metavar="N", help="higher is claimed first (32-bit signed, default 0)")
+        p.add_argument("--delay", dest="delay_ms", type=_integer, metavar="MS", help="eligible this long from now (0 - 10 years); not with --at")
+        p.add_argument("--at", type=_integer, metavar="EPOCH_MS", help="eligible at this instant (within 10 years); not with --delay")
         p.add_argument("--idempotency", metavar="TOKEN", help="deduplicate enqueues with this token")
-        p.add_argument("--idempotency-retention", dest="idempotency_retention_ms", type=int, metavar="MS", help="token lifetime (default: the queue's policy)")
+        p.add_argument("--idempotency-retention", dest="idempotency_retention_ms", type=_integer, metavar="MS", help="token lifetime (default: the queue's policy)")
         p.add_argument("--unique-key", dest="unique_key", metavar="KEY", help="coalesce onto the active job holding this key")
-        p.add_argument("--max-attempts", dest="max_attempts", type=int, metavar="N", help="1-1000 (default: the queue's policy)")
-        p.add_argument("--timeout", dest="timeout_ms", type=int, metavar="MS", help="0 - 7 days, 0 = none (default: the queue's policy)")
+        p.add_argument("--max-attempts", dest="max_attempts", type=_integer, metavar="N", help="1-1000 (default: the queue's policy)")
+        p.add_argument("--timeout", dest="timeout_ms", type=_integer, metavar="MS", help="0 - 7 days, 0 = none (default: the queue's policy)")
 
     # --- dispatch -------------------------------------------------------------------------
 
@@ -564,6 +564,23 @@ class Command(BaseCommand):
 
 
 # --- helpers --------------------------------------------------------------------------------
+
+
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
+
+
+def _integer(text: str) -> int:
+    """An integer option: ASCII decimal digits with an optional sign, as the REST API reads numbers.
+
+    (Python's ``int()`` would also take ``1_000`` and digits of other scripts.)
+    """
+    stripped = text.strip()
+    if _DECIMAL.fullmatch(stripped):
+        try:
+            return int(stripped)
+        except ValueError:  # more digits than Python converts
+            pass
+    raise argparse.ArgumentTypeError(f"invalid int value: {text!r}")
 
 
 _ARGUMENT = re.compile(r"argument ([^\s:/]+)|arguments are required: ([^\s,]+)")
