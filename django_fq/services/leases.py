@@ -367,6 +367,7 @@ def ack_many(queue: str, acks: Iterable[tuple[str, object]]) -> list[SettleResul
 
 def _ack(queue: str, items: list[tuple[str, str | None, str]]) -> list:
     """Settle ``(receipt, result_text, args_digest)`` items as succeeded, in one transaction."""
+    validation.queue_name(queue)  # the PostgreSQL statement takes the name as it is
     if db.is_postgres():
         results = db.retrying(_ack_matching_pg, queue, items, atomic=False)
         rest = [i for i, r in enumerate(results) if r is None]

@@ -155,3 +155,19 @@ def test_integer_options_take_ascii_decimal_digits_only(text):
     assert fq.stats(Q).counts["running"] == 0
     assert cli("claim", Q, "--count", " +2 ", "--json").code == 0
     assert fq.stats(Q).counts["running"] == 2
+
+
+@pytest.mark.parametrize("name", ["fz\x00", "a\x00b", "\ud800", "", "a" * 201, "bad name"])
+def test_ack_refuses_an_invalid_queue_name_before_any_sql(name):
+    """Found by the slow API fuzz test on PostgreSQL: ack's one-statement path sent the queue name to
+    the database unchecked, and a NUL byte in it was a DataError (a 500 over REST)."""
+    from django_fq.exceptions import InvalidQueueName
+
+    fq.enqueue(Q, {"n": 1})
+    [job] = fq.claim(Q)
+    with pytest.raises(InvalidQueueName) as err:
+        fq.ack(name, job.receipt)
+    assert err.value.field == "queue"
+    with pytest.raises(InvalidQueueName):
+        fq.ack_many(name, [(job.receipt, None)])
+    assert fq.get(Q, job.id).state == "running"
