@@ -171,3 +171,39 @@ def test_ack_refuses_an_invalid_queue_name_before_any_sql(name):
     with pytest.raises(InvalidQueueName):
         fq.ack_many(name, [(job.receipt, None)])
     assert fq.get(Q, job.id).state == "running"
+
+
+def test_every_verb_refuses_an_invalid_queue_name_before_any_sql():
+    """The whole kind of the finding above: every verb taking a queue name, on either database."""
+    import io
+
+    from django_fq import backup, health
+    from django_fq.exceptions import InvalidQueueName
+
+    fq.enqueue(Q, {"n": 1})
+    [job] = fq.claim(Q)
+    r = job.receipt
+    calls = {
+        "enqueue": lambda q: fq.enqueue(q, 1), "enqueue_many": lambda q: fq.enqueue_many(q, [{"payload": 1}]),
+        "claim": lambda q: fq.claim(q), "ack": lambda q: fq.ack(q, r), "ack_many": lambda q: fq.ack_many(q, [(r, 1)]),
+        "nack": lambda q: fq.nack(q, r), "release": lambda q: fq.release(q, r),
+        "extend": lambda q: fq.extend(q, r, visibility_ms=1000), "get": lambda q: fq.get(q, job.id),
+        "jobs": lambda q: fq.jobs(q), "stats": lambda q: fq.stats(q), "retry": lambda q: fq.retry(q, job.id),
+        "requeue": lambda q: fq.requeue(q, job.id), "cancel": lambda q: fq.cancel(q, job.id),
+        "wait": lambda q: fq.wait(q, job.id, timeout_ms=0), "reap": lambda q: fq.reap(q),
+        "configure": lambda q: fq.configure(q, max_attempts=2), "policy": lambda q: fq.policy(q),
+        "delete_queue": lambda q: fq.delete_queue(q), "health": lambda q: health.check(q),
+        "export": lambda q: backup.export_jsonl(io.StringIO(), [q]),
+    }  # fmt: skip
+    wrong = []
+    for verb, call in calls.items():
+        for name in ("a\x00", "\ud800", "", "x" * 201):
+            try:
+                call(name)
+                wrong.append((verb, name, "accepted"))
+            except InvalidQueueName:
+                pass
+            except Exception as exc:  # noqa: BLE001 - collected
+                wrong.append((verb, name[:5], repr(exc)[:80]))
+    assert wrong == []
+    assert fq.get(Q, job.id).state == "running"
