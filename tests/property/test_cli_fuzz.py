@@ -224,7 +224,7 @@ def test_odd_command_lines_fail_cleanly_and_change_nothing(world):
 
 @pytest.mark.slow
 def test_many_odd_command_lines(world):
-    _fuzz(world, examples=int(os.environ.get("FQ_FUZZ_EXAMPLES", 3000)), derandomize=False)
+    _fuzz(world, examples=int(os.environ.get("FQ_FUZZ_EXAMPLES", 800)), derandomize=False)
 
 
 @pytest.mark.parametrize("value", ["\x00", "a\x00b", "\ud800"])
