@@ -48,10 +48,11 @@ for leg in "${legs[@]}"; do
     fi
     db="${leg#*-}"
     start=$SECONDS
-    # The fast tier runs on FQ_TEST_WORKERS pytest-xdist processes (default 2: the
-    # tests mostly wait on the database and on child processes); the slow tier
-    # runs serially, as its tests restart PostgreSQL or measure the machine.
-    workers="${FQ_TEST_WORKERS:-2}"
+    # The fast tier runs on FQ_TEST_WORKERS pytest-xdist processes (default 3 on
+    # this 2-core machine: the tests mostly wait on the database and on child
+    # processes); the slow tier runs serially, as its tests restart PostgreSQL
+    # or measure the machine.
+    workers="${FQ_TEST_WORKERS:-3}"
     [ "$markers" = "slow" ] && workers=0
     xdist=()
     [ "$workers" != 0 ] && xdist=(-n "$workers")

@@ -17,7 +17,8 @@ def test_export_into_a_closed_pipe_exits_without_a_traceback(tmp_path):
     enqueue = (
         "import django; django.setup(); from django.core.management import call_command; "
         "call_command('migrate', verbosity=0); from django_fq import services as fq; "
-        "fq.enqueue_many('pipe', [{'payload': {'i': i, 'pad': 'x' * 500}} for i in range(3000)])"
+        # About 200 KB of export: more than a pipe's 64 KiB buffer, so the writer meets the closed end.
+        "fq.enqueue_many('pipe', [{'payload': {'i': i, 'pad': 'x' * 500}} for i in range(400)])"
     )
     subprocess.run([sys.executable, "-c", enqueue], cwd=ROOT, env=env, check=True, timeout=120)
     # `fq export | head -1`: the reader closes the pipe after one line.

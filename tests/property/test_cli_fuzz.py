@@ -254,6 +254,7 @@ def test_nul_bytes_and_lone_surrogates_in_every_text_argument(world, argv, value
         assert "ok" not in outcomes, (argv, outcomes)
 
 
+@pytest.mark.slow  # child processes: the in-process tests above cover the same inputs in the fast tier
 @pytest.mark.django_db(transaction=True)
 def test_the_real_command_line(tmp_path):
     """``python -m django fq`` in a child process: usage errors, NUL-free odd values, forged receipts.
