@@ -761,7 +761,7 @@ def _missing() -> list[str]:
 
 @pytest.mark.django_db(transaction=True)
 def test_random_sequences_of_verbs_match_the_model(frozen_start):
-    _run(frozen_start, examples=40, steps=40, derandomize=True)
+    _run(frozen_start, examples=25, steps=40, derandomize=True)  # every MUST_SEE outcome is reached at 25
     print("outcomes seen:", dict(sorted(SEEN.items())))
     assert _missing() == [], sorted(SEEN.items())
 
