@@ -23,7 +23,7 @@ def second(job):
 
 def test_a_second_handler_for_a_queue_is_refused_naming_both(clean_registry):
     handlers.handler("reg.a")(first)
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match="already has handler") as err:
         handlers.handler("reg.a")(second)
     text = str(err.value)
     assert "tests.test_handler_registry.first" in text and "tests.test_handler_registry.second" in text
