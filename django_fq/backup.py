@@ -196,15 +196,8 @@ def _snapshot():
     if conn.vendor == "sqlite":
         # A deferred BEGIN: the first SELECT fixes the snapshot (WAL) and no write lock is taken,
         # whatever transaction_mode the site uses for its own transactions.
-        conn.ensure_connection()
-        saved = getattr(conn, "transaction_mode", None)
-        conn.transaction_mode = "DEFERRED"
-        try:
-            with transaction.atomic(using=conn.alias):
-                conn.transaction_mode = saved
-                yield conn
-        finally:
-            conn.transaction_mode = saved
+        with db.sqlite_atomic(conn, "DEFERRED"):
+            yield conn
         return
     with transaction.atomic(using=conn.alias):
         if conn.vendor == "postgresql":

@@ -76,19 +76,31 @@ def write_atomic():
     """
     conn = connection()
     if conn.vendor == "sqlite" and not conn.in_atomic_block:
-        # Connect first: connecting re-reads transaction_mode from the settings.
-        conn.ensure_connection()
-        saved = getattr(conn, "transaction_mode", None)
-        conn.transaction_mode = "IMMEDIATE"
-        try:
-            with transaction.atomic(using=conn.alias):
-                conn.transaction_mode = saved
-                yield conn
-        finally:
-            conn.transaction_mode = saved
+        with sqlite_atomic(conn, "IMMEDIATE"):
+            yield conn
     else:
         with transaction.atomic(using=conn.alias):
             yield conn
+
+
+@contextlib.contextmanager
+def sqlite_atomic(conn, mode: str):
+    """``transaction.atomic()`` on SQLite connection ``conn`` whose BEGIN uses ``mode``.
+
+    ``mode``: ``"IMMEDIATE"`` (take the write lock now) or ``"DEFERRED"`` (a
+    read snapshot, no lock until a write), whatever ``transaction_mode`` the
+    site's settings give; the setting applies again to the next transaction.
+    """
+    # Connect first: connecting re-reads transaction_mode from the settings.
+    conn.ensure_connection()
+    saved = getattr(conn, "transaction_mode", None)
+    conn.transaction_mode = mode
+    try:
+        with transaction.atomic(using=conn.alias):
+            conn.transaction_mode = saved
+            yield conn
+    finally:
+        conn.transaction_mode = saved
 
 
 _RETRYABLE = ("deadlock detected", "could not serialize", "database is locked", "database table is locked")
