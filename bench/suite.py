@@ -242,19 +242,8 @@ class Suite:
     # -- state ----------------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Empty every django-fq table (no worker may be running)."""
-        conn = self.connection
-        if self.pg:
-            with conn.cursor() as cur:
-                cur.execute(f"TRUNCATE {', '.join(self.tables)} RESTART IDENTITY CASCADE")
-            return
-        conn.close()
-        path = conn.settings_dict["NAME"]
-        for suffix in ("-wal", "-shm"):
-            if os.path.exists(path + suffix):
-                os.remove(path + suffix)
-        shutil.copyfile(self.template, path)
-        conn.ensure_connection()
+        """Empty every django-fq table of the main database (no worker may be running)."""
+        self.reset_alias(self.connection.alias)
 
     def observer(self) -> Observer:
         return Observer(self.vendor, self.connection.settings_dict)
@@ -593,7 +582,7 @@ class Suite:
             settings.FQ_DATABASE = "default"
 
     def reset_alias(self, alias: str) -> None:
-        """Empty the django-fq tables of the claim database ``alias``."""
+        """Empty the django-fq tables of database ``alias`` (the main one, or a claim scenario's)."""
         from django.db import connections
 
         conn = connections[alias]
