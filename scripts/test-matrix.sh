@@ -53,13 +53,15 @@ for leg in "${legs[@]}"; do
     # processes); the slow tier runs serially, as its tests restart PostgreSQL
     # or measure the machine.
     workers="${FQ_TEST_WORKERS:-3}"
-    [ "$markers" = "slow" ] && workers=0
+    durations=5
+    # The slow tier is a couple of dozen tests: show every one's time, to keep its budget honest.
+    [ "$markers" = "slow" ] && workers=0 && durations=0
     xdist=()
     [ "$workers" != 0 ] && xdist=(-n "$workers")
     # shellcheck disable=SC2086  # PYTEST_ARGS is a word list on purpose
     FQ_TEST_DB="$db" FQ_TEST_PG_TEST_NAME="test_fq_${leg//-/_}" \
         "$venv/bin/python" -m pytest -p no:cacheprovider -q ${markers:+-m "$markers"} "${xdist[@]}" \
-        --durations=5 --junitxml="$reports/$leg.xml" ${PYTEST_ARGS:-}
+        --durations=$durations --junitxml="$reports/$leg.xml" ${PYTEST_ARGS:-}
     rc=$?
     took=$((SECONDS - start))
     if [ $rc -eq 0 ]; then
