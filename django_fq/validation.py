@@ -147,6 +147,11 @@ def schedule(delay_ms: object, at: object) -> tuple[int | None, int | None]:
     return None, None
 
 
+#: Compact UTF-8 JSON without NaN/Infinity. One encoder for every call: ``json.dumps`` with
+#: options builds a new encoder each time, a visible cost in a 20,000-item bulk enqueue.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def json_text(value: object, field: str = "payload", limit: int | None = None) -> tuple[str, int]:
     """Encode ``value`` as compact UTF-8 JSON; return ``(text, size_in_bytes)``.
 
@@ -156,7 +161,7 @@ def json_text(value: object, field: str = "payload", limit: int | None = None) -
     """
     limit = conf.max_payload_bytes() if limit is None else limit
     try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _COMPACT.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidJson(f"{field} is not valid JSON: {exc}", field=field) from None
     except RecursionError:

@@ -600,6 +600,9 @@ class Worker:
         self._cv = threading.Condition()  # wakes the main thread: notify, job finished, stop
         self._beat_cv = threading.Condition()  # wakes the heartbeat thread: new job, stop
         self._beat_dirty = False
+        #: When the heartbeat thread wakes next by itself (monotonic seconds; guarded by _beat_cv);
+        #: infinity while it is awake, as it may have looked at the jobs in hand already.
+        self._beat_next = math.inf
         self._running: dict[int, _Running] = {}
         self._seq = 0
         self._work: queue_module.SimpleQueue = queue_module.SimpleQueue()
@@ -861,16 +864,22 @@ class Worker:
             for claimed in jobs:
                 self._release(_Running(claimed, vis, start, end, self.heartbeat_fraction), "shutdown")
             return 0
+        soonest = math.inf  # when the new jobs first need the heartbeat thread: a beat, or the lease's end
         with self._lock:
             self.stats.claimed += len(jobs)
             for claimed in jobs:
                 self._seq += 1
                 running = _Running(claimed, vis, start, end, self.heartbeat_fraction)
+                soonest = min(soonest, running.state.expires_mono if running.capped else running.next_beat)
                 self._running[self._seq] = running
                 self._work.put((self._seq, running))
         with self._beat_cv:
-            self._beat_dirty = True
-            self._beat_cv.notify_all()
+            # Wake the heartbeat thread only when it would otherwise sleep past that moment:
+            # with leases of seconds it rarely does, and a needless wake-up competes with
+            # the runner threads that are starting the jobs just claimed.
+            if soonest < self._beat_next:
+                self._beat_dirty = True
+                self._beat_cv.notify_all()
         return len(jobs)
 
     # --- running and settling ------------------------------------------------------------------
@@ -1210,7 +1219,10 @@ class Worker:
                         wake = min(wake, due)
                 with self._beat_cv:
                     if not self._done.is_set() and not self._beat_dirty:
-                        self._beat_cv.wait(max(0.005, wake - time.monotonic()))
+                        pause = max(0.005, wake - time.monotonic())
+                        self._beat_next = time.monotonic() + pause
+                        self._beat_cv.wait(pause)
+                    self._beat_next = math.inf
         finally:
             connections.close_all()
 

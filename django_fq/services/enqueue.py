@@ -37,6 +37,9 @@ ENVELOPE_KEYS = frozenset(
     }
 )
 _CHUNK = 500  # rows per INSERT: well under SQLite's and PostgreSQL's parameter limits
+#: (database alias, queue name) pairs this process has seen exist. Only a hint: the one-statement
+#: enqueue still looks the queue up itself and reports a queue deleted since.
+_seen_queues: set[tuple[str, str]] = set()
 
 
 class _Item(NamedTuple):
@@ -136,10 +139,18 @@ def _write(queue: str, items: list[_Item], *, batch: bool) -> list[EnqueueResult
     conn = db.connection()
     owned = not conn.in_atomic_block
     if conn.vendor == "postgresql" and all(it.token is None and it.unique_key is None and it.at is None for it in items):
+        known = (conn.alias, queue)
+        if known not in _seen_queues:
+            # Not seen by this process yet: make sure it exists before sending the rows,
+            # so a bulk enqueue into a new queue does not ship (and parse) its rows twice.
+            get_or_create_queue(queue)
         done, found = db.retrying(_insert_plain_pg, conn, queue, items, atomic=False)
-        if not found:  # a new queue: create it, then the same one statement
+        if not found:  # deleted since: create it again, then the same one statement
+            _seen_queues.discard(known)
             get_or_create_queue(queue)
             done, found = db.retrying(_insert_plain_pg, conn, queue, items, atomic=False)
+        if found:
+            _seen_queues.add(known)
         if done is not None:
             return done
     try:

@@ -190,20 +190,32 @@ def kill_storm(
     # Generous: on a busy 2-core machine a replacement worker needs many seconds to start.
     hard_stop = started + (timeout_s or max(900.0, jobs / 2.0) + (minutes or 0) * 60)
     last_note = 0.0
+    def soaking() -> bool:
+        return bool(minutes) and (soak_until is None or time.monotonic() < soak_until)
+
+    def top_up() -> None:
+        """While soaking, keep at least half a batch queued, so a kill finds the workers busy."""
+        nonlocal total
+        stats = fq.stats(WORK)
+        if stats.counts["ready"] + stats.counts["scheduled"] < jobs // 2:
+            enqueue(jobs)
+            total += jobs
+
     try:
         while time.monotonic() < hard_stop:
-            time.sleep(rng.uniform(*kill_every_s))
-            stats = fq.stats(WORK)
-            done = stats.counts["succeeded"]
+            # Between kills, look at the queue every 0.1 s: on a quiet machine four workers
+            # drain half a batch well within the 1-2 s between kills.
+            wake = time.monotonic() + rng.uniform(*kill_every_s)
+            while (left := wake - time.monotonic()) > 0:
+                time.sleep(min(0.1, left))
+                if soaking():
+                    top_up()
             working = _working_pids()
             if minutes and soak_until is None and working:
                 soak_until = time.monotonic() + minutes * 60
-            if minutes and (soak_until is None or time.monotonic() < soak_until):
-                pending = stats.counts["ready"] + stats.counts["scheduled"]
-                if pending < jobs // 2:
-                    enqueue(jobs)
-                    total += jobs
-            elif done >= total:
+            if soaking():
+                top_up()
+            elif fq.stats(WORK).counts["succeeded"] >= total:
                 break
             # A worker still starting up (seconds on a busy machine) holds nothing: kill one that works.
             ready = [w for w in live if w.pid in working]
@@ -219,7 +231,7 @@ def kill_storm(
             outcome.restarts += 1
             if progress and time.monotonic() - last_note > 5:
                 last_note = time.monotonic()
-                _log(progress, f"kill-storm: {done}/{total} succeeded, {outcome.kills} kills")
+                _log(progress, f"kill-storm: {fq.stats(WORK).counts['succeeded']}/{total} succeeded, {outcome.kills} kills")
         drained = _wait_drained([WORK], max(60.0, hard_stop - time.monotonic()), progress, "kill-storm")
         if not drained:
             outcome.problems.append("the queue was not drained in time")
