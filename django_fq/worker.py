@@ -138,6 +138,13 @@ _POLICY_TTL_S = 30.0
 _BURST_DB_FAILURES = 5
 #: Most jobs one claim call asks for (SPEC §5).
 MAX_CLAIM = 1000
+#: A claim that got fewer jobs than it asked for makes the next claim of that queue ask for
+#: twice as many as it got, at least _MIN_ASK; one that got all it asked for, _ASK_GROWTH times
+#: as many (up to the free slots). A claim prepares a receipt secret for every job it asks for,
+#: so an idle worker woken for one job should not prepare hundreds; a burst of work is back to
+#: full batches within a few round trips (2, 8, 32, 128, ...).
+_MIN_ASK = 2
+_ASK_GROWTH = 4
 #: Most jobs a worker may claim ahead of its runner threads.
 MAX_PREFETCH = 10_000
 #: Most jobs one ``ack_many`` call of the completer settles.
@@ -581,6 +588,8 @@ class Worker:
         #: Jobs in hand at most: running, plus claimed ahead and waiting for a runner thread.
         self.capacity = concurrency + prefetch
         self._claim_floor = max(1, self.capacity // 4)
+        #: Per queue: the most the next claim asks for (absent: as many as there are free slots).
+        self._ask: dict[str, int] = {}
         self.visibility_ms = visibility_ms
         self.poll_interval_s = max(0, poll_interval_ms) / 1000
         self.max_poll_interval_s = max(self.poll_interval_s, max_poll_interval_ms / 1000)
@@ -823,8 +832,10 @@ class Worker:
                 free = min(free, allowance)
             if free <= 0:
                 break
-            share = min(MAX_CLAIM, -(-free // (n - i)))
-            taken = self.claim_into(self.queues[(start + i) % n], share)
+            name = self.queues[(start + i) % n]
+            share = min(MAX_CLAIM, -(-free // (n - i)), self._ask.get(name, MAX_CLAIM))
+            taken = self.claim_into(name, share)
+            self._ask[name] = share * _ASK_GROWTH if taken == share else max(_MIN_ASK, 2 * taken)
             got += taken
             more = more or taken == share
         return got, more

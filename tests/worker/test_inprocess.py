@@ -278,3 +278,45 @@ def test_prefetch_claims_ahead_and_a_stop_gives_unstarted_jobs_back_at_once():
         info = fq.get(Q, job)
         assert (info.state, info.attempts) == ("ready", 0)  # given back, the attempt not counted
     assert fq.stats(Q).totals["released"] == 9
+
+
+def test_claims_ask_for_few_jobs_after_a_lull_and_for_full_batches_again_under_a_burst(monkeypatch):
+    """An idle worker woken for one job prepares a couple of receipts, not one per free thread;
+    a burst of work brings the asks back up to the free slots within a few claims."""
+    asks: list[tuple[int, int]] = []
+    real_claim = services.claim
+
+    def recording(queue, *, count, **kwargs):
+        jobs = real_claim(queue, count=count, **kwargs)
+        asks.append((count, len(jobs)))
+        return jobs
+
+    monkeypatch.setattr(services, "claim", recording)
+    fq.configure(Q, max_attempts=3)  # the queue exists: a worker does not claim from a missing one
+    worker = Worker([Q], handlers={Q: ok_handler}, concurrency=64, poll_interval_ms=10, max_poll_interval_ms=20, reaper=False)
+    out = {}
+    thread = threading.Thread(target=lambda: out.setdefault("stats", worker.run()))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not any(got == 0 for _, got in asks) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert asks and asks[0] == (64, 0), asks  # the first claim asks for every free slot
+        seen = len(asks)
+        lone = fq.enqueue(Q, {}).id
+        while fq.get(Q, lone).state != "succeeded" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert (2, 1) in asks[seen:], asks[seen:]  # after the lull: 2, not 64
+        seen = len(asks)
+        fq.enqueue_many(Q, [{"payload": i} for i in range(500)])
+        while fq.stats(Q).counts["succeeded"] < 501 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        worker.request_stop("test over")
+        thread.join(timeout=30)
+    assert out["stats"].ok == 501
+    burst = [count for count, got in asks[seen:] if got]
+    # 2 → 8 → 32 → then as many as there are free slots (64 at most, fewer while jobs still run).
+    assert burst[:3] == [2, 8, 32], burst
+    assert 32 < max(burst) <= 64, burst
+    assert len(burst) <= 40, burst  # 500 jobs in batches, not 250 claims of 2
