@@ -170,3 +170,20 @@ def test_quick_run_reports_every_metric(tmp_path):
     assert all("loadavg" in r for r in runs)
     text = (tmp_path / "summary.md").read_text()
     assert "drain, 1 worker process, steady" in text and "claim(100)" in text
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only
+def test_pickup_floor_prints_its_figures_and_leaves_no_database():
+    proc = subprocess.run(
+        [sys.executable, "bench/pickup_floor.py", "--k", "3"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("bare LISTEN/NOTIFY queue, 3 samples (ms): median ")
+    figures = [float(word.rstrip(",")) for line in lines for word in line.split() if word.rstrip(",").replace(".", "", 1).isdigit()]
+    assert len(figures) == 5 and all(f > 0 for f in figures[1:]), proc.stdout  # k, median, p95, enqueue call, db clock
+    import psycopg
+
+    with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as admin:
+        assert admin.execute("SELECT count(*) FROM pg_database WHERE datname = 'fq_bench_floor'").fetchone()[0] == 0

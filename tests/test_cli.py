@@ -728,6 +728,15 @@ def test_real_command_line_exit_codes(tmp_path):
     job_id = json.loads(made.stdout)["id"]
     assert services.get(Q, job_id).payload == {"via": "cli"}
 
+    # Django's own options after the operation: --settings takes effect (the environment names
+    # no usable settings here), the others are accepted.
+    later = subprocess.run(
+        [sys.executable, "-m", "django", "fq", "get", Q, job_id, "--json", "--settings=cli_settings", "-v", "0", "--traceback"],
+        env={**env, "DJANGO_SETTINGS_MODULE": "no_such_settings"}, cwd=root, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert later.returncode == 0, later.stderr
+    assert json.loads(later.stdout)["payload"] == {"via": "cli"}
+
     usage = cli("claim", Q, "--count", "abc")
     assert usage.returncode == 2
     assert "--count" in usage.stderr and "Traceback" not in usage.stderr

@@ -11,8 +11,9 @@ message goes to stderr (with ``--json``: the error's JSON object) and nothing
 is changed; 2 for malformed command lines (argparse usage errors: one line on
 stderr, with ``--json`` the object ``{"code": "usage", "message", "field"}``).
 
-Django's own options (``--settings``, ``--traceback``, …) go before the
-subcommand: ``manage.py fq --settings=mysite.settings stats emails``.
+Django's own options (``--settings``, ``--pythonpath``, ``--traceback``,
+``-v``, ``--no-color``, ``--force-color``, ``--skip-checks``) are accepted before or after the
+subcommand: ``manage.py fq stats emails --settings=mysite.settings``.
 """
 
 from __future__ import annotations
@@ -80,6 +81,23 @@ POLICY_OPTIONS = (
 )
 
 
+def _django_options(p: argparse.ArgumentParser) -> None:
+    """Django's own options on an operation's parser, so they may follow the operation too.
+
+    Django reads ``--settings`` and ``--pythonpath`` from anywhere on the
+    command line before the command runs; without these, the operation's
+    parser would then refuse them. Hidden from the operation's help (they are
+    in ``manage.py fq --help``) and left unset unless given, so a value given
+    before the operation stands.
+    """
+    hidden = argparse.SUPPRESS
+    p.add_argument("-v", "--verbosity", type=int, choices=[0, 1, 2, 3], default=hidden, help=hidden)
+    p.add_argument("--settings", default=hidden, help=hidden)
+    p.add_argument("--pythonpath", default=hidden, help=hidden)
+    for flag in ("--traceback", "--no-color", "--force-color", "--skip-checks"):
+        p.add_argument(flag, action="store_true", default=hidden, help=hidden)
+
+
 class Command(BaseCommand):
     help = "Inspect and operate django-fq queues: the command-line mirror of django_fq.services."
     #: ``call_command("fq", "enqueue-many", "q", "-", stdin=...)`` reads that stream instead of sys.stdin.
@@ -100,6 +118,7 @@ class Command(BaseCommand):
             p.add_argument(
                 "--json", dest="as_json", action="store_true", default=argparse.SUPPRESS, help="print machine-readable JSON"
             )
+            _django_options(p)
             return p
 
         def queue(p, optional=False):
