@@ -27,6 +27,7 @@ server the suite uses (``FQ_BENCH_PG_HOST`` / ``_PORT`` / ``_USER``).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -35,7 +36,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.suite import percentile  # noqa: E402
+from bench.suite import percentile
 
 DB = "fq_bench_floor"
 CHANNEL = "fq_bench_floor"
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
         for k in range(args.k):
             time.sleep(rng.uniform(0.3, 1.3))
             t0 = time.perf_counter()
-            job = client.execute(enqueue, ('{"k": %d}' % k,), prepare=True).fetchone()[0]
+            job = client.execute(enqueue, (json.dumps({"k": k}),), prepare=True).fetchone()[0]
             calls.append(time.perf_counter() - t0)
             give_up = t0 + 10
             while True:
