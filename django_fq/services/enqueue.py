@@ -40,6 +40,7 @@ _CHUNK = 500  # rows per INSERT: well under SQLite's and PostgreSQL's parameter 
 #: (database alias, queue name) pairs this process has seen exist. Only a hint: the one-statement
 #: enqueue still looks the queue up itself and reports a queue deleted since.
 _seen_queues: set[tuple[str, str]] = set()
+_SEEN_QUEUES_MAX = 10_000
 
 
 class _Item(NamedTuple):
@@ -150,6 +151,8 @@ def _write(queue: str, items: list[_Item], *, batch: bool) -> list[EnqueueResult
             get_or_create_queue(queue)
             done, found = db.retrying(_insert_plain_pg, conn, queue, items, atomic=False)
         if found:
+            if len(_seen_queues) >= _SEEN_QUEUES_MAX:
+                _seen_queues.clear()  # queue names made up on the fly: keep the hint small
             _seen_queues.add(known)
         if done is not None:
             return done
