@@ -746,7 +746,10 @@ class Worker:
                 # Queues are drained for now; a finished job, a notification or the poll brings the next round.
                 self._wait(poll)
                 continue
-            if self.burst and self.running_count == 0:
+            # A burst run is done when a claim made while it held no job found nothing. A claim
+            # made while jobs were in hand can come back empty because of them (a concurrency
+            # limit they fill, a retry their nack is about to make ready): look again once they finish.
+            if self.burst and running == 0 and self.running_count == 0:
                 return "nothing left to do"
             emit(logging.DEBUG, "worker.idle", worker=self.worker_id, wait_s=poll)
             woke = self._wait(poll)

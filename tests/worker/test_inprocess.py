@@ -320,3 +320,29 @@ def test_claims_ask_for_few_jobs_after_a_lull_and_for_full_batches_again_under_a
     assert burst[:3] == [2, 8, 32], burst
     assert 32 <= max(burst) <= 64, burst
     assert len(burst) <= 40, burst  # 500 jobs in batches, not 250 claims of 2
+
+
+def test_burst_does_not_stop_on_an_empty_claim_made_while_its_own_jobs_held_the_limit(monkeypatch):
+    """The queue's concurrency limit is 1. A claim made while the worker's own job holds the limit
+    comes back empty; if that job is acked before the worker looks at the result, the burst run
+    must claim again, not say "nothing left to do" with a job still ready."""
+    q = "t.burst.limit"
+    fq.configure(q, concurrency=1)
+    first, second = (fq.enqueue(q, {"n": n}).id for n in (1, 2))
+    worker = Worker([q], handlers={q: ok_handler}, concurrency=4, burst=True, poll_interval_ms=10, reaper=False)
+    real_claim = services.claim
+
+    def slow_to_answer(queue, *, count, **kwargs):
+        held = worker.running_count
+        jobs = real_claim(queue, count=count, **kwargs)
+        if not jobs and held:
+            # The empty answer was caused by our own job: let it finish before the worker reads the answer.
+            give_up = time.monotonic() + 10
+            while worker.running_count and time.monotonic() < give_up:
+                time.sleep(0.005)
+        return jobs
+
+    monkeypatch.setattr(services, "claim", slow_to_answer)
+    stats = worker.run()
+    assert stats.ok == 2
+    assert fq.get(q, first).state == fq.get(q, second).state == "succeeded"
