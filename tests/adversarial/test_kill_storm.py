@@ -28,7 +28,9 @@ def test_kill_storm_loses_no_job_and_keeps_the_books(tmp_path):
     events = Events(tmp_path / "events.jsonl")
     rng = random.Random(7)
     fq.configure(Q, max_attempts=1000, backoff_ms=0)
-    ids = [r.id for r in fq.enqueue_many(Q, [{"payload": {"events": events.path, "sleep_ms": rng.randint(0, 40)}} for _ in range(JOBS)])]
+    # Jobs of 50-250 ms: 120 of them keep 9 slots busy for about 2 s even on an idle machine, so the
+    # kills land while jobs run (with 0-40 ms jobs an idle machine drained everything before the first kill).
+    ids = [r.id for r in fq.enqueue_many(Q, [{"payload": {"events": events.path, "sleep_ms": rng.randint(50, 250)}} for _ in range(JOBS)])]
 
     def start(n: int) -> WorkerProc:
         extra = ("--prefetch=3",) if n % 2 else ()
