@@ -143,13 +143,19 @@ def test_supervised_processes_listen_on_consecutive_ports(workers):
         supervisor.wait_for(rf"worker.metrics addr=127.0.0.1 port={port} ")
     seen = {}
     for port in (base, base + 1):
-        found = wait_until(lambda port=port: _try_scrape(port), what=f"the metrics on port {port}")
-        assert value(found, "fq_worker_up") == 1
+        # The exporter listens a moment before the worker starts serving (fq_worker_up 0 until then).
+        found = wait_until(lambda port=port: _scrape_when_up(port), what=f"the worker on port {port} up")
         worker = dict(next(labels for (name, labels) in found if name == "fq_worker_info"))["worker"]
         seen[port] = int(worker.split(":")[-2])
     assert sorted(seen.values()) == sorted(pids)
     supervisor.signal(signal.SIGTERM)
     assert supervisor.wait(timeout=30) == 0, supervisor.stderr
+
+
+def _scrape_when_up(port: int):
+    """The samples of ``port`` once its worker reports itself up; ``None`` before that."""
+    found = _try_scrape(port)
+    return found if found and value(found, "fq_worker_up") == 1 else None
 
 
 def _try_scrape(port: int):
