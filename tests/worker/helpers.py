@@ -15,7 +15,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection, connections
 
-from django_fq import db
+from django_fq import db, services
 from django_fq.models import Lease, Queue
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,3 +216,17 @@ class LeaseSampler:
 
 def touch(path: Path) -> None:
     Path(path).write_text("open")
+
+
+def record_claims(monkeypatch) -> list[tuple[int, int]]:
+    """Wrap ``services.claim`` (as the worker calls it): the returned list gets ``(count asked, jobs got)`` per call."""
+    asks: list[tuple[int, int]] = []
+    real = services.claim
+
+    def recording(queue, *, count, **kwargs):
+        jobs = real(queue, count=count, **kwargs)
+        asks.append((count, len(jobs)))
+        return jobs
+
+    monkeypatch.setattr(services, "claim", recording)
+    return asks

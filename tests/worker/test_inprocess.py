@@ -15,6 +15,8 @@ from django_fq import services
 from django_fq import services as fq
 from django_fq.worker import JobContext, LeaseLost, Worker, _LeaseState, current_job, emit
 
+from .helpers import record_claims
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 Q = "t.inproc"
@@ -283,15 +285,7 @@ def test_prefetch_claims_ahead_and_a_stop_gives_unstarted_jobs_back_at_once():
 def test_claims_ask_for_few_jobs_after_a_lull_and_for_full_batches_again_under_a_burst(monkeypatch):
     """An idle worker woken for one job prepares a couple of receipts, not one per free thread;
     a burst of work brings the asks back up to the free slots within a few claims."""
-    asks: list[tuple[int, int]] = []
-    real_claim = services.claim
-
-    def recording(queue, *, count, **kwargs):
-        jobs = real_claim(queue, count=count, **kwargs)
-        asks.append((count, len(jobs)))
-        return jobs
-
-    monkeypatch.setattr(services, "claim", recording)
+    asks = record_claims(monkeypatch)
     fq.configure(Q, max_attempts=3)  # the queue exists: a worker does not claim from a missing one
     worker = Worker([Q], handlers={Q: ok_handler}, concurrency=64, poll_interval_ms=10, max_poll_interval_ms=20, reaper=False)
     out = {}
