@@ -28,9 +28,12 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def unavailable() -> str | None:
-    """Why namespaces cannot be used here (``None`` when they can): not root, no ``ip``, or the kernel refuses."""
-    if os.geteuid() != 0:
-        return "network namespaces need root"
+    """Why namespaces cannot be used here (``None`` when they can): no ``ip`` command, or the kernel refuses.
+
+    Nothing is assumed from the user id: a probe namespace is created, and the
+    kernel's own answer (e.g. "Operation not permitted" for a user without
+    CAP_SYS_ADMIN) is the reason given.
+    """
     probe = f"fqprobe{uuid.uuid4().hex[:6]}"
     try:
         made = _ip("netns", "add", probe, check=False)
