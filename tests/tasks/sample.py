@@ -7,11 +7,28 @@ run of one job fails loudly) — the worker may be another process.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 
 from django_fq import PermanentFailure
-from django_fq.tasks import task
+from django_fq.tasks import TASK_OPTIONS, task
 from tests.testapp.models import Done
+
+# Django 6.1 and the backport pass extra ``@task`` keywords to the backend's task class;
+# Django 6.0's ``@task`` takes none, and the docs send its users to ``using()`` instead.
+_TASK_TAKES_OPTIONS = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(task).parameters.values())
+
+
+def fq_task(**keywords):
+    """``@task(**keywords)``, with django-fq's options through ``using()`` where ``@task`` refuses them."""
+    options = {k: keywords.pop(k) for k in list(keywords) if k in TASK_OPTIONS}
+
+    def wrap(function):
+        if _TASK_TAKES_OPTIONS or not options:
+            return task(**keywords, **options)(function)
+        return task(**keywords)(function).using(**options)
+
+    return wrap
 
 
 class Boom(Exception):
@@ -35,12 +52,12 @@ def record(context, label):
     return {"label": label, "attempt": context.attempt, "pid": os.getpid()}
 
 
-@task(max_attempts=3)
+@fq_task(max_attempts=3)
 def explode(message):
     raise Boom(message)
 
 
-@task(takes_context=True, max_attempts=5)
+@fq_task(takes_context=True, max_attempts=5)
 def flaky(context, succeed_on):
     """Fail until attempt ``succeed_on``, then return the attempt number."""
     if context.attempt < succeed_on:
@@ -71,7 +88,7 @@ def unstorable():
     return object()
 
 
-@task(max_attempts=3, timeout_ms=5_000, unique_key="uk-{0}", idempotency_retention_ms=60_000)
+@fq_task(max_attempts=3, timeout_ms=5_000, unique_key="uk-{0}", idempotency_retention_ms=60_000)
 def optioned(n):
     return n
 
@@ -82,12 +99,12 @@ def configured(n):
     return n
 
 
-@task(max_attempts=7)
+@fq_task(max_attempts=7)
 def overrides_configured(n):
     return n
 
 
-@task(unique_key=lambda user_id, **kwargs: f"user-{user_id}")
+@fq_task(unique_key=lambda user_id, **kwargs: f"user-{user_id}")
 def per_user(user_id, note=""):
     return user_id
 
