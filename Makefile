@@ -2,11 +2,12 @@
 #
 #   make demo        the example project end to end on SQLite (creates .venv first)
 #   make test        the whole matrix: Django 5.2/Python 3.11 and Django 6.x/Python 3.12,
-#                    each on SQLite and PostgreSQL (tests marked `slow` excluded)
+#                    each on SQLite and PostgreSQL, plus Django 6.0/Python 3.13 on SQLite
+#                    (tests marked `slow` excluded)
 #   make test-quick  one venv (.venv), SQLite only
 #   make test-slow   only the tests marked `slow`, on SQLite and PostgreSQL (Django 5.2;
 #                    SLOW_LEGS="dj6-sqlite ..." picks other legs)
-#   make venvs       create/update .venv, .venv-dj52 and .venv-dj6 without running anything
+#   make venvs       create/update .venv, .venv-dj52, .venv-dj6 and .venv-dj60 without running anything
 #   make bench       benchmark suite on PostgreSQL + SQLite (docs/performance.md);
 #                    BENCH_ARGS="--with-anchors" adds the other Django queues
 #   make bench-quick the same in quick mode (< 3 min; a smoke test, not results)
@@ -28,7 +29,8 @@ SHELL := /bin/bash
 
 DJ52 := Django>=5.2,<5.3
 DJ6  := Django>=6.0,<6.2
-# Legs of the slow tier (any of dj52-sqlite dj52-postgres dj6-sqlite dj6-postgres).
+DJ60 := Django>=6.0,<6.1
+# Legs of the slow tier (any of dj52-sqlite dj52-postgres dj6-sqlite dj6-postgres dj60-sqlite).
 SLOW_LEGS ?= dj52-sqlite dj52-postgres
 # .venv-tools: ruff, mypy, mkdocs, build and twine (Python 3.12, Django 6.x),
 # kept apart from the test venvs.
@@ -39,7 +41,7 @@ DOCS_ADDR ?= 127.0.0.1:8001
 	tools-venv lint docs docs-serve package-check
 
 help:
-	@sed -n '3,23p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,24p' Makefile | sed 's/^# \{0,1\}//'
 
 venv:
 	@scripts/venv.sh .venv 3.11
@@ -47,6 +49,7 @@ venv:
 venvs: venv
 	@scripts/venv.sh .venv-dj52 3.11 "$(DJ52)"
 	@scripts/venv.sh .venv-dj6 3.12 "$(DJ6)"
+	@scripts/venv.sh .venv-dj60 3.13 "$(DJ60)"
 
 demo: venv
 	@PYTHON=.venv/bin/python scripts/demo.sh

@@ -7,6 +7,8 @@
 #
 # Legs: dj52-sqlite, dj52-postgres (Django 5.2 LTS, Python 3.11, .venv-dj52)
 #       dj6-sqlite,  dj6-postgres  (Django 6.x,    Python 3.12, .venv-dj6)
+#       dj60-sqlite                (Django 6.0,    Python 3.13, .venv-dj60): the oldest
+#                                   Django 6 and the newest Python the classifiers name
 # Every leg runs even when an earlier one failed; the exit status is non-zero
 # if any leg failed. Tests marked `slow` are excluded (FQ_MARKERS overrides the
 # marker expression; `make test-slow` uses it). With FQ_ALLOW_EMPTY=1 a leg
@@ -17,7 +19,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-ALL_LEGS=(dj52-sqlite dj52-postgres dj6-sqlite dj6-postgres)
+ALL_LEGS=(dj52-sqlite dj52-postgres dj6-sqlite dj6-postgres dj60-sqlite)
 legs=("$@")
 [ ${#legs[@]} -eq 0 ] && legs=("${ALL_LEGS[@]}")
 markers="${FQ_MARKERS-not slow}"
@@ -31,6 +33,7 @@ ensure_venv() {  # ensure_venv LEG -> sets $venv; creates/updates each venv once
     case "$1" in
         dj52-*) venv=.venv-dj52; pyver=3.11; req="Django>=5.2,<5.3" ;;
         dj6-*)  venv=.venv-dj6;  pyver=3.12; req="Django>=6.0,<6.2" ;;
+        dj60-*) venv=.venv-dj60; pyver=3.13; req="Django>=6.0,<6.1" ;;
         *) echo "unknown leg $1 (known: ${ALL_LEGS[*]})" >&2; return 2 ;;
     esac
     if [ -z "${venv_ok[$venv]:-}" ]; then
