@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import sys
 import tempfile
 from collections import defaultdict
@@ -806,26 +807,44 @@ def progress_bar(stream, *, enabled: bool, total: int | None = None, unit: str =
 
 
 def export_to_path(path: str, queues: Sequence[str] | None = None, *, progress=None) -> ExportSummary:
-    """:func:`export_jsonl` into the file ``path``, which is replaced only once the export is complete.
+    """:func:`export_jsonl` into the file ``path`` (a string), which is replaced only once the export is complete.
 
-    Writes a temporary file in the same directory and renames it over
-    ``path``; on any error the temporary file is removed and ``path`` is
-    left as it was. Raises :class:`InvalidArgument` (field ``output``) when
-    the directory cannot be written.
+    A symbolic link is followed: its target is written and the link stays.
+    For a regular file (or a new one), a temporary file is written in the
+    same directory and renamed over it; on any error the temporary file is
+    removed and the file is left as it was. A file that exists keeps its
+    permission bits; a new file is created with mode 0600. Something that
+    exists and is not a regular file (a named pipe, ``/dev/stdout``, a
+    character device) is written into directly: no temporary file, no
+    rename, and an export that fails leaves what was written so far.
+
+    Raises :class:`InvalidArgument` (field ``output``) when ``path`` is a
+    directory or cannot be written, and what :func:`export_jsonl` raises.
     """
     validation.file_path(path, "output")
-    if os.path.isdir(path):
-        raise InvalidArgument(f"cannot write {path}: it is a directory", field="output")
-    directory = os.path.dirname(os.path.abspath(path))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".fq-export-", suffix=".jsonl", dir=directory)
+        st: os.stat_result | None = os.stat(path)  # follows symbolic links
+    except FileNotFoundError:
+        st = None  # a new file, or a link to one
+    except OSError as exc:
+        raise InvalidArgument(f"cannot write {path}: {exc.strerror or exc}", field="output") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise InvalidArgument(f"cannot write {path}: it is a directory", field="output")
+    target = os.path.realpath(path)
+    if st is not None and (not stat.S_ISREG(st.st_mode) or not _same_file(target, st)):
+        # A pipe or a device, or a link that does not name its file by path (/proc/self/fd/N): write into it.
+        return _export_into(path, queues, progress)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".fq-export-", suffix=".jsonl", dir=os.path.dirname(target))
     except OSError as exc:
         raise InvalidArgument(f"cannot write {path}: {exc.strerror or exc}", field="output") from None
     try:
+        if st is not None:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o777)
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
             summary = export_jsonl(fh, queues, progress=progress)
         try:
-            os.replace(tmp, path)
+            os.replace(tmp, target)
         except OSError as exc:
             raise InvalidArgument(f"cannot write {path}: {exc.strerror or exc}", field="output") from None
     except BaseException:
@@ -833,6 +852,26 @@ def export_to_path(path: str, queues: Sequence[str] | None = None, *, progress=N
             os.unlink(tmp)
         raise
     return summary
+
+
+def _same_file(path: str, st: os.stat_result) -> bool:
+    try:
+        return os.path.samestat(os.stat(path), st)
+    except OSError:
+        return False
+
+
+def _export_into(path: str, queues: Sequence[str] | None, progress) -> ExportSummary:
+    """:func:`export_jsonl` straight into the existing non-regular file ``path`` (a pipe, a device)."""
+    try:
+        fh = open(path, "w", encoding="utf-8", newline="\n")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise InvalidArgument(f"cannot write {path}: {exc.strerror or exc}", field="output") from None
+    try:
+        with fh:
+            return export_jsonl(fh, queues, progress=progress)
+    except OSError as exc:  # the reader of the pipe went away, the device is full
+        raise InvalidArgument(f"cannot write {path}: {exc.strerror or exc}", field="output") from None
 
 
 def open_source(source: str, stdin=None):
