@@ -22,11 +22,13 @@ is ``scheduled``, ``ready``, ``succeeded``, ``dead`` or ``cancelled``;
 ``{"type": "token", "queue", "token", "job_id", "created_at", "expires_at"}``
 
 What a backup leaves out, on purpose: leases and receipts (a **running** job
-is exported as ``ready`` with its attempts as they are, so it runs again
-after a restore; no receipt issued before the backup works after it), the
-settle records that answer a repeated ack as a replay, and the internal
-sequence numbers (imported jobs get new ones, in file order, so their claim
-order among themselves is kept).
+is exported as ``release`` would leave it: ``ready``, the interrupted attempt
+given back — attempts − 1 — with a ``release`` history entry at
+``exported_at`` and :data:`RUNNING_NOTE` as last error; so it runs again
+after a restore and never past ``max_attempts``; no receipt issued before
+the backup works after it), the settle records that answer a repeated ack as
+a replay, and the internal sequence numbers (imported jobs get new ones, in
+file order, so their claim order among themselves is kept).
 
 Import (:func:`import_jsonl`) runs in **one transaction** and validates
 every line before it is used: a bad line raises :class:`InvalidBackup`
@@ -37,6 +39,15 @@ creates gets the policy, creation time and totals of the file; a queue that
 already exists keeps its own policy and totals. Either way the queue-full
 counters (active jobs, token rows) grow by exactly the rows inserted, so the
 queue-full checks and ``stats`` agree with the tables afterwards.
+
+The bounds of an import keep every restored row workable: ``attempts`` is
+0..``max_attempts`` of its line (a waiting job with every attempt used —
+what older exports wrote for a job running on its last attempt — gets its
+last attempt back: attempts − 1); ``generation``, instants and the totals'
+counts are at most 2**53 − 1 and the ``*_ms_sum`` totals at most 2**62, so
+the next claim or enqueue cannot overflow a column. The error history is cut
+to the engine's caps: the newest 100 entries, each ``error`` text (and
+``last_error``) cut to 64 KiB as a nack cuts it.
 """
 
 from __future__ import annotations
@@ -59,7 +70,7 @@ from django.db.models import Case, F, Field, Value, When
 from . import conf, db, validation
 from .exceptions import InvalidArgument, InvalidBackup, QueueNotFound
 from .models import IdempotencyToken, Job, Queue
-from .services._base import JOB, QUEUE, TOKEN, add_counters, counter_sums, manager
+from .services._base import JOB, QUEUE, TOKEN, add_counters, append_history, counter_sums, history_entry, manager
 from .services.queues import POLICY_BOUNDS
 from .types import TIMING_NAMES, TOTAL_NAMES, QueuePolicy
 
@@ -68,10 +79,19 @@ FORMAT = "django-fq"
 #: The version of the format written by :func:`export_jsonl`; import reads versions up to this one.
 VERSION = 1
 
+#: The error a job running at export time is written with (last error and ``release`` history entry).
+RUNNING_NOTE = "running when exported: the attempt was given back"
+
 _BATCH = 500  # rows per SELECT page (export) and per existence check (import)
 _ROWS_PER_INSERT = 200  # x 21 columns: well under SQLite's 32766 and PostgreSQL's 65535 parameters
 _BIG = 2**63 - 1  # largest BIGINT
 _INT = 2**31 - 1  # largest INTEGER
+#: Largest instant, generation and count an import takes: 2**53 - 1, exact in every JSON reader and
+#: far from BIGINT's end, so the next claim (generation + 1) or enqueue (a total + 1) cannot overflow.
+_SAFE = 2**53 - 1
+#: Largest ``*_ms_sum`` total an import takes: sums of waits grow fastest; 2**62 leaves room for 2**62 more.
+_MS_SUM = 2**62
+_HISTORY_KEEP = 100  # newest error-history entries kept, as the engine keeps them (append_history)
 _POLICY_FIELDS = tuple(QueuePolicy.__dataclass_fields__)
 _TOTALS = TOTAL_NAMES + TIMING_NAMES
 _EXPORTED_STATES = ("scheduled", "ready", "succeeded", "dead", "cancelled")
@@ -164,7 +184,7 @@ def export_jsonl(out: IO[str], queues: Sequence[str] | None = None, *, progress=
                 },
             )
             _tick(progress)
-            for job in _job_pages(q.id):
+            for job in _job_pages(q.id, exported_at):
                 running += job.pop("was_running")
                 _write(out, {"type": "job", "queue": q.name, **job})
                 n_jobs += 1
@@ -217,8 +237,13 @@ def _exported_state():
     )
 
 
-def _job_pages(queue_id: int):
-    """The queue's jobs as export dicts, in enqueue order, read in pages by ``seq``."""
+def _job_pages(queue_id: int, exported_at: int):
+    """The queue's jobs as export dicts, in enqueue order, read in pages by ``seq``.
+
+    A running job is written as :func:`~django_fq.services.release` would leave
+    it at ``exported_at``: ready, its attempt given back (attempts - 1), with a
+    ``release`` history entry and last error :data:`RUNNING_NOTE`.
+    """
     last = 0
     while True:
         page = list(
@@ -233,6 +258,11 @@ def _job_pages(queue_id: int):
             )[:_BATCH]
         )  # fmt: skip
         for r in page:
+            was_running = r["state"] == "running"
+            errors = list(r["errors"] or [])
+            if was_running:
+                entry = history_entry(exported_at, r["attempts"], "release", RUNNING_NOTE, r["worker"])
+                errors = append_history(errors, entry)
             yield {
                 "id": r["uid"],
                 "state": r["exported_state"],
@@ -242,18 +272,18 @@ def _job_pages(queue_id: int):
                 "changed_at": r["changed_at"],
                 "claimed_at": r["claimed_at"],
                 "finished_at": r["finished_at"],
-                "attempts": r["attempts"],
+                "attempts": max(0, r["attempts"] - 1) if was_running else r["attempts"],
                 "max_attempts": r["max_attempts"],
                 "generation": r["generation"],
                 "timeout_ms": r["timeout_ms"],
                 "payload": json.loads(r["payload"]),
                 "result": None if r["result"] is None else json.loads(r["result"]),
-                "last_error": r["last_error"],
-                "errors": list(r["errors"] or []),
+                "last_error": RUNNING_NOTE if was_running else r["last_error"],
+                "errors": errors,
                 "unique_key": r["unique_key"],
                 "idempotency": r["idempotency"],
                 "worker": r["worker"],
-                "was_running": int(r["state"] == "running"),
+                "was_running": int(was_running),
             }
         if len(page) < _BATCH:
             return
@@ -420,7 +450,7 @@ class _Importer:
             raise InvalidBackup(
                 f"format version {version} is newer than this django-fq reads ({VERSION})", line=n, field="version"
             )
-        line.integer("exported_at", 0, _BIG, default=None)
+        line.integer("exported_at", 0, _SAFE, default=None)
         line.text("database", 100, default=None)
         self.header_line = n
 
@@ -440,8 +470,12 @@ class _Importer:
         if merged["max_backoff_ms"] < merged["backoff_ms"]:
             raise line.error("must be at least policy.backoff_ms", "policy.max_backoff_ms")
         totals_raw = line.obj_of("totals", _TOTALS)
-        totals = {t: line.int_in(totals_raw, t, 0, _BIG, where=f"totals.{t}") for t in _TOTALS if t in totals_raw}
-        created_at = line.integer("created_at", 0, _BIG, default=None)
+        totals = {
+            t: line.int_in(totals_raw, t, 0, _MS_SUM if t.endswith("_ms_sum") else _SAFE, where=f"totals.{t}")
+            for t in _TOTALS
+            if t in totals_raw
+        }
+        created_at = line.integer("created_at", 0, _SAFE, default=None)
 
         conn = db.connection()
         existing = _find_queue(name)
@@ -489,29 +523,41 @@ class _Importer:
         payload, size = line.json("payload", required=True)
         result = line.json("result")[0] if line.get("result") is not None else None
         errors = line.get("errors", default=[])
-        if not isinstance(errors, list) or not all(isinstance(e, dict) for e in errors):
-            raise line.error("must be a list of objects", "errors")
+        if not isinstance(errors, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("error", ""), str) for e in errors
+        ):
+            raise line.error('must be a list of objects, each "error" a string', "errors")
         line.json("errors", limit=_BIG)  # no NUL or lone surrogate: PostgreSQL could not store them
-        enqueued_at = line.integer("enqueued_at", 0, _BIG)
-        attempts = line.integer("attempts", 0, _INT)
+        # The engine's caps (SPEC §9): the newest 100 entries, each error text cut to 64 KiB as a nack cuts it.
+        errors = [
+            {**e, "error": validation.error_text(e["error"])} if "error" in e else e for e in errors[-_HISTORY_KEEP:]
+        ]
+        enqueued_at = line.integer("enqueued_at", 0, _SAFE)
+        max_attempts = line.integer("max_attempts", *POLICY_BOUNDS["max_attempts"])
+        attempts = line.integer("attempts", 0, max_attempts, hint="a job never passes its max_attempts")
+        waiting = state in ("scheduled", "ready")
+        if waiting and attempts == max_attempts:
+            # Only a job running on its last attempt is exported so (by exports before the attempt was
+            # given back on export): give it back now, so its next claim is its last attempt.
+            attempts -= 1
         job = _Row(
             uid=uid,
             queue_id=q.id,
-            state="queued" if state in ("scheduled", "ready") else state,
+            state="queued" if waiting else state,
             priority=line.integer("priority", validation.MIN_PRIORITY, validation.MAX_PRIORITY),
-            run_at=line.integer("run_at", 0, _BIG),
+            run_at=line.integer("run_at", 0, _SAFE),
             enqueued_at=enqueued_at,
-            changed_at=line.integer("changed_at", 0, _BIG, default=enqueued_at),
-            claimed_at=line.integer("claimed_at", 0, _BIG, default=None),
-            finished_at=line.integer("finished_at", 0, _BIG, default=None),
+            changed_at=line.integer("changed_at", 0, _SAFE, default=enqueued_at),
+            claimed_at=line.integer("claimed_at", 0, _SAFE, default=None),
+            finished_at=line.integer("finished_at", 0, _SAFE, default=None),
             attempts=attempts,
-            max_attempts=line.integer("max_attempts", *POLICY_BOUNDS["max_attempts"]),
-            generation=line.integer("generation", 0, _BIG, default=attempts),
+            max_attempts=max_attempts,
+            generation=line.integer("generation", 0, _SAFE, default=attempts),
             timeout_ms=line.integer("timeout_ms", *POLICY_BOUNDS["timeout_ms"], default=0),
             payload=payload,
             payload_size=size,
             result=result,
-            last_error=line.text("last_error", None, default=""),
+            last_error=validation.error_text(line.text("last_error", None, default="")),
             errors=errors,
             unique_key=line.key("unique_key"),
             idempotency=line.key("idempotency"),
@@ -532,8 +578,8 @@ class _Importer:
         job_uid = line.get("job_id", required=True)
         if not validation.job_id(job_uid):
             raise line.error("must be a job id: 32 lowercase hexadecimal characters", "job_id")
-        created_at = line.integer("created_at", 0, _BIG)
-        expires_at = line.integer("expires_at", 0, _BIG)
+        created_at = line.integer("created_at", 0, _SAFE)
+        expires_at = line.integer("expires_at", 0, _SAFE)
         if expires_at < created_at:
             raise line.error("must not be before created_at", "expires_at")
         self.token_lines[q.name, token] = line.n
@@ -708,21 +754,22 @@ class _Line:
             return default
         return self.obj[key]
 
-    def integer(self, key: str, lo: int, hi: int, *, default=_MISSING) -> int:
+    def integer(self, key: str, lo: int, hi: int, *, default=_MISSING, hint: str = "") -> int:
         """``key`` as an int within ``lo..hi``; absent (or null) gives ``default``, or fails when it has none."""
         value = self.obj.get(key, _MISSING)
         if value is _MISSING or (value is None and default is not _MISSING):
             if default is _MISSING:
                 raise self.error("is required", key)
             return default
-        return self.int_in(self.obj, key, lo, hi, where=key)
+        return self.int_in(self.obj, key, lo, hi, where=key, hint=hint)
 
-    def int_in(self, obj: dict, key: str, lo: int, hi: int, *, where: str) -> int:
+    def int_in(self, obj: dict, key: str, lo: int, hi: int, *, where: str, hint: str = "") -> int:
+        """``obj[key]`` as an int within ``lo..hi``; errors name ``where`` (and add ``hint``, if any)."""
         value = obj[key]
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(f"must be an integer, not {_kind(value)}", where)
         if not lo <= value <= hi:
-            raise self.error(f"must be between {lo} and {hi}", where)
+            raise self.error(f"must be between {lo} and {hi}" + (f" ({hint})" if hint else ""), where)
         return value
 
     def text(self, key: str, max_len: int | None, *, default=_MISSING) -> str:

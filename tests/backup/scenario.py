@@ -6,7 +6,7 @@ cross-database round trips), so both sides build and read data the same way.
 
 from __future__ import annotations
 
-from django_fq import db
+from django_fq import backup, db
 from django_fq import services as fq
 from django_fq.models import IdempotencyToken, Job, Lease, Queue
 from django_fq.services._base import COUNTER_NAMES, counter_sums
@@ -108,8 +108,13 @@ def dump() -> dict:
     }
 
 
-def expected_after_restore(source: dict) -> dict:
-    """What a restore of ``source`` must look like: running jobs ready, no leases, the rest identical."""
+def expected_after_restore(source: dict, exported_at: int) -> dict:
+    """What a restore of ``source`` (exported at ``exported_at``, epoch ms) must look like.
+
+    No leases; running jobs are ready, their attempt given back as a release at
+    ``exported_at`` would (attempts - 1, a ``release`` history entry, that last
+    error); the rest identical.
+    """
     out = {"queues": {}, "jobs": {}, "tokens": source["tokens"], "leases": 0, "job_order": source["job_order"]}
     for name, q in source["queues"].items():
         counts = dict(q["counts"])
@@ -117,7 +122,22 @@ def expected_after_restore(source: dict) -> dict:
         counts["running"] = 0
         out["queues"][name] = {**q, "counts": counts}
     for uid, job in source["jobs"].items():
-        out["jobs"][uid] = {**job, "state": "queued" if job["state"] == "running" else job["state"]}
+        if job["state"] == "running":
+            entry = {
+                "at": exported_at,
+                "attempt": job["attempts"],
+                "kind": "release",
+                "error": backup.RUNNING_NOTE,
+                "worker": job["worker"],
+            }
+            job = {
+                **job,
+                "state": "queued",
+                "attempts": job["attempts"] - 1,
+                "last_error": backup.RUNNING_NOTE,
+                "errors": [*job["errors"], entry][-100:],
+            }
+        out["jobs"][uid] = job
     return out
 
 

@@ -71,6 +71,7 @@ def test_restore_reproduces_every_queue_job_and_token():
     assert Job.objects.count() == 0
 
     summary = restore(text)
+    exported_at = lines_of(text)[0]["exported_at"]
 
     assert (summary.queues_created, summary.jobs_created, summary.tokens_created) == (
         3,
@@ -78,7 +79,7 @@ def test_restore_reproduces_every_queue_job_and_token():
         len(source["tokens"]),
     )
     assert summary.queues_skipped == summary.jobs_skipped == summary.tokens_skipped == 0
-    assert comparable(dump()) == comparable(expected_after_restore(source))
+    assert comparable(dump()) == comparable(expected_after_restore(source, exported_at))
 
 
 def test_export_file_shape_and_what_it_leaves_out():
@@ -94,7 +95,12 @@ def test_export_file_shape_and_what_it_leaves_out():
     assert text.isascii()  # non-ASCII payloads are escaped, so any encoding reads the file
 
     _, running = job_line(text, ids["running"])
-    assert running["state"] == "ready" and running["attempts"] == 1 and running["worker"] == "w-3"
+    # A running job goes out as a release at export time would leave it: its attempt given back.
+    assert running["state"] == "ready" and running["attempts"] == 0 and running["worker"] == "w-3"
+    assert running["generation"] == 1 and running["last_error"] == backup.RUNNING_NOTE
+    assert running["errors"] == [
+        {"at": header["exported_at"], "attempt": 1, "kind": "release", "error": backup.RUNNING_NOTE, "worker": "w-3"}
+    ]
     # No lease, receipt or settle record travels: neither the receipt's secret nor any hash of it.
     secret = ids["running_receipt"].rsplit(".", 1)[1]
     assert secret not in text and lease.receipt_hash not in text
@@ -124,12 +130,13 @@ def test_running_job_comes_back_ready_and_old_receipt_is_dead():
         fq.ack(MAIN, ids["succeeded_receipt"], result={"ok": True, "ü": [1.25, None]})
 
     info = fq.get(MAIN, ids["running"])
-    assert info.state == "ready" and info.attempts == 1 and info.lease_deadline is None
+    assert info.state == "ready" and info.attempts == 0 and info.lease_deadline is None
     with pytest.raises(InvalidReceipt):
         fq.ack(MAIN, ids["running_receipt"])
-    # It runs again: its next claim is attempt 2, under a new lease generation.
+    # It runs again: the interrupted attempt was given back, so its next claim is attempt 1 again,
+    # under a new lease generation.
     claimed = {c.id: c for c in fq.claim(MAIN, count=10)}
-    assert claimed[ids["running"]].attempts == 2
+    assert claimed[ids["running"]].attempts == 1
     assert fq.ack(MAIN, claimed[ids["running"]].receipt).state == "succeeded"
 
 
@@ -539,7 +546,8 @@ def test_cli_export_import_round_trip(tmp_path):
     summary = json.loads(out)
     assert summary["jobs_created"] == len(source["jobs"]) and summary["jobs_skipped"] == 0
     assert summary["tokens_created"] == len(source["tokens"]) and summary["dry_run"] is False
-    assert comparable(dump()) == comparable(expected_after_restore(source))
+    exported_at = json.loads(path.read_text().splitlines()[0])["exported_at"]
+    assert comparable(dump()) == comparable(expected_after_restore(source, exported_at))
 
     code, out, err = run_fq("import", "-", stdin=io.StringIO(path.read_text()))
     assert code == 0 and f"jobs: 0 created, {len(source['jobs'])} skipped" in out
