@@ -47,7 +47,10 @@ last attempt back: attempts − 1); ``generation``, instants and the totals'
 counts are at most 2**53 − 1 and the ``*_ms_sum`` totals at most 2**62, so
 the next claim or enqueue cannot overflow a column. The error history is cut
 to the engine's caps: the newest 100 entries, each ``error`` text (and
-``last_error``) cut to 64 KiB as a nack cuts it.
+``last_error``) cut to 64 KiB as a nack cuts it. When rows committed
+concurrently collide with the import's inserts (another import, a producer
+taking a ``unique_key`` or token), the import rolls back and runs again, up
+to :data:`IMPORT_TRIES` times, then raises :class:`ImportConflict`.
 """
 
 from __future__ import annotations
@@ -55,20 +58,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import stat
+import struct
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import IO, Any, cast
 
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Case, F, Field, Value, When
 
 from . import conf, db, validation
-from .exceptions import InvalidArgument, InvalidBackup, QueueNotFound
+from .exceptions import FqError, InvalidArgument, InvalidBackup, QueueNotFound
 from .models import IdempotencyToken, Job, Queue
 from .services._base import JOB, QUEUE, TOKEN, add_counters, append_history, counter_sums, history_entry, manager
 from .services.queues import POLICY_BOUNDS
@@ -319,6 +325,18 @@ class _DryRun(Exception):
     """Raised inside the import transaction to roll a dry run back."""
 
 
+#: How many times :func:`import_jsonl` runs when rows committed concurrently get in its way.
+IMPORT_TRIES = 5
+_SPOOL_IN_MEMORY = 8 * 1024 * 1024  # bytes of an unseekable input kept in memory before it goes to a temporary file
+
+
+class ImportConflict(FqError):
+    """The import kept meeting rows written concurrently; nothing was imported."""
+
+    code = "import_conflict"
+    status = 409
+
+
 def import_jsonl(lines: Iterable[str | bytes], *, dry_run: bool = False, progress=None) -> ImportSummary:
     """Restore a backup written by :func:`export_jsonl` into the queue database.
 
@@ -328,26 +346,134 @@ def import_jsonl(lines: Iterable[str | bytes], *, dry_run: bool = False, progres
     ``dry_run=True`` the transaction is rolled back at the end and the
     summary says what an import would do. ``progress``, if given (e.g. a
     ``tqdm`` bar), gets ``update(n)`` with the size of each line read (bytes
-    for ``bytes`` lines, characters otherwise).
+    for ``bytes`` lines, characters otherwise), each line once.
+
+    When the transaction is django-fq's own and another transaction commits
+    a row this import meant to insert (PostgreSQL: a job id, an active
+    ``unique_key`` or a token another import or a producer wrote meanwhile),
+    or on a deadlock, the import is rolled back and run again from the first
+    line, up to :data:`IMPORT_TRIES` times; the rows committed meanwhile are
+    then seen and skipped (or reported as a conflict). To read ``lines``
+    again it seeks back a seekable file, iterates a list again, and keeps a
+    copy of any other stream (in memory up to 8 MiB, then in a temporary
+    file). Inside the caller's transaction the database error propagates.
 
     Raises :class:`InvalidBackup` for the first bad line (its ``line`` and
     ``field`` say where), including a job id that exists in another queue, a
     ``unique_key`` another active job holds, and a queue that would pass
-    ``FQ_MAX_JOBS_PER_QUEUE`` / ``FQ_MAX_TOKENS_PER_QUEUE``. Nothing is
-    changed when it raises.
+    ``FQ_MAX_JOBS_PER_QUEUE`` / ``FQ_MAX_TOKENS_PER_QUEUE``;
+    :class:`ImportConflict` when every try met concurrent rows; ``OSError``
+    when ``lines`` cannot be read. Nothing is changed when it raises.
     """
-    imp = _Importer()
+    source = _Replayable(lines, progress)
+    owned = not db.connection().in_atomic_block
     try:
-        with db.write_atomic():
-            for n, raw in enumerate(lines, 1):
-                imp.feed(n, raw)
-                _tick(progress, len(raw))
-            imp.finish()
-            if dry_run:
-                raise _DryRun
-    except _DryRun:
-        pass
-    return imp.summary(dry_run)
+        for attempt in range(IMPORT_TRIES):
+            imp = _Importer()
+            try:
+                with db.write_atomic():
+                    for n, raw in enumerate(source.lines(), 1):
+                        imp.feed(n, raw)
+                    imp.finish()
+                    if dry_run:
+                        raise _DryRun
+            except _DryRun:
+                pass
+            except DatabaseError as exc:
+                if not owned or not _concurrent(exc):
+                    raise
+                if attempt == IMPORT_TRIES - 1:
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    raise ImportConflict(
+                        f"rows written concurrently got in the way {IMPORT_TRIES} times (last: {first}); "
+                        "nothing was imported: run it again once the other import or producer is done"
+                    ) from None
+                time.sleep(0.01 * (2**attempt) * (0.5 + random.random()))
+                continue
+            return imp.summary(dry_run)
+    finally:
+        source.close()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _concurrent(exc: DatabaseError) -> bool:
+    """Whether ``exc`` comes from another transaction (a unique row it committed, a deadlock), not from the file."""
+    if isinstance(exc, IntegrityError):
+        return True  # every value was validated: a duplicate is a row committed after the existence check
+    text = str(exc).lower()
+    return any(t in text for t in db._RETRYABLE)  # the errors db.retrying retries
+
+
+class _Replayable:
+    """The lines of an import's input, readable again from the first one for a retry.
+
+    A list (anything ``iter()`` gives a fresh iterator of) is iterated again,
+    a seekable stream is sought back to where it started, any other stream
+    (stdin from a pipe, a generator) is copied as it is read into a
+    :class:`~tempfile.SpooledTemporaryFile` (memory, then disk) and read back
+    from there. ``progress`` is ticked once per line, on its first reading.
+    """
+
+    def __init__(self, lines: Iterable[str | bytes], progress=None):
+        self._progress = progress
+        self._seen = 0  # lines read (and ticked) so far, over all passes
+        self._spool: IO[bytes] | None = None
+        self._spooled = 0
+        self._start: int | None = None
+        self._stream: Any = lines
+        it = iter(lines)
+        self._source: Iterable[str | bytes] | None = lines if it is not lines else None  # a container
+        self._it = it
+        if self._source is not None:
+            return
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            if self._stream.seekable():
+                self._start = self._stream.tell()
+                return
+        self._spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY)  # noqa: SIM115 - closed in close()
+
+    def lines(self):
+        """Yield the lines from the first one (each call starts again)."""
+        if self._source is not None:
+            yield from self._count(iter(self._source), 0)
+        elif self._start is not None:
+            self._stream.seek(self._start)
+            yield from self._count(self._it, 0)
+        else:
+            yield from self._replay_spool()
+
+    def _count(self, it, n: int):
+        for raw in it:
+            n += 1
+            if n > self._seen:
+                self._seen = n
+                _tick(self._progress, len(raw))
+            yield raw
+
+    def _replay_spool(self):
+        spool = cast(IO[bytes], self._spool)
+        spool.seek(0)
+        for _ in range(self._spooled):
+            tag, size = _RECORD.unpack(spool.read(_RECORD.size))
+            data = spool.read(size)
+            yield data if tag == b"b" else data.decode("utf-8", "surrogatepass")
+        for raw in self._it:  # new lines: keep a copy (the spool's position is at its end now)
+            if isinstance(raw, bytes):
+                spool.write(_RECORD.pack(b"b", len(raw)) + raw)
+            else:
+                data = raw.encode("utf-8", "surrogatepass")
+                spool.write(_RECORD.pack(b"s", len(data)) + data)
+            self._spooled += 1
+            self._seen += 1
+            _tick(self._progress, len(raw))
+            yield raw
+
+    def close(self) -> None:
+        if self._spool is not None:
+            self._spool.close()
+
+
+_RECORD = struct.Struct(">cQ")  # a spooled line: b"b" (bytes) or b"s" (str, UTF-8), then its length
 
 
 @dataclass
