@@ -34,7 +34,7 @@ from django.db import DatabaseError, connections
 
 from django_fq import conf, handlers, services, validation
 from django_fq.exceptions import InvalidArgument, QueueNotFound
-from django_fq.worker import SUPERVISOR_ENV, Supervisor, Worker, WorkerConfigError, child_command
+from django_fq.worker import EX_CONFIG, SUPERVISOR_ENV, Supervisor, Worker, WorkerConfigError, child_command
 
 #: Longest accepted --poll-interval / --max-poll-interval / --reaper-interval / --prune-interval: one hour.
 MAX_INTERVAL_MS = 3_600_000
@@ -45,6 +45,8 @@ MAX_CONCURRENCY, MAX_PROCESSES = 1000, 256
 class Command(BaseCommand):
     help = "Run django-fq workers: claim jobs, run their handlers, ack or nack them; reap expired leases."
 
+    #: Set once the worker runs: an error before that is a start-up error (EX_CONFIG in a supervised child).
+    _running = False
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--queue",
@@ -133,6 +135,22 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options) -> None:
+    def execute(self, *args, **options):
+        """Run the command; in a supervised child, a :class:`CommandError` before the worker runs exits 78.
+
+        Those errors (a metrics port that cannot be bound, a failed system
+        check, handlers that do not load, a queue without a handler) come
+        back at every restart, so the child exits with ``EX_CONFIG`` and the
+        supervisor stops instead of restarting it for ever. Unsupervised, the
+        exit status stays 1.
+        """
+        try:
+            return super().execute(*args, **options)
+        except CommandError as exc:
+            if os.environ.get(SUPERVISOR_ENV) and not self._running:
+                exc.returncode = EX_CONFIG
+            raise
+
         self._setup_logging(options["verbosity"])
         self._validate(options)
         self._check_database(options)
@@ -182,6 +200,7 @@ class Command(BaseCommand):
             progress = _DrainProgress(worker)
         try:
             if progress is not None:
+        self._running = True
                 with progress:
                     stats = worker.run()
             else:
@@ -261,8 +280,7 @@ class Command(BaseCommand):
         try:
             return serve(port, addr)
         except (OSError, ValueError) as exc:  # address in use, not an address of this host, ...
-            reason = getattr(exc, "strerror", None) or str(exc)
-            raise CommandError(f"--metrics-port: cannot listen on {addr}:{port}: {reason}") from None
+            raise _cannot_listen(addr, port, exc) from None
 
     def _check_database(self, options: dict) -> None:
         """SQLite: run the database checks on ``FQ_DATABASE`` before working, as ``migrate`` does.
@@ -288,6 +306,15 @@ class Command(BaseCommand):
             raise CommandError("--processes needs a settings module (DJANGO_SETTINGS_MODULE)")
         connections.close_all()  # the children open their own
 
+        port, addr = options["metrics_port"], options["metrics_addr"]
+        if port:  # refuse a taken port before starting anyone (a child still refuses it, with EX_CONFIG)
+            from django_fq.metrics.worker import check_port
+
+            for p in range(port, port + options["processes"]):
+                try:
+                    check_port(p, addr)
+                except (OSError, ValueError) as exc:
+                    raise _cannot_listen(addr, p, exc) from None
         def command(index: int) -> list[str]:
             args = _child_args(options)
             if index > 0 and "--no-reaper" not in args:
@@ -298,7 +325,13 @@ class Command(BaseCommand):
         env["DJANGO_SETTINGS_MODULE"] = settings.SETTINGS_MODULE
         paths = [p for p in sys.path if p] + [os.getcwd()]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-        code = Supervisor(command, options["processes"], env=env).run()
+        supervisor = Supervisor(command, options["processes"], env=env)
+        code = supervisor.run()
+        if code == EX_CONFIG:
+            raise CommandError(
+                f"worker process {supervisor.failed_index} could not start (its error is above); "
+                "the other worker processes were stopped"
+            )
         if code:
             raise CommandError(f"{options['processes']} worker processes ended, not all cleanly", returncode=code)
 
@@ -316,6 +349,12 @@ class Command(BaseCommand):
 
 def _child_args(options: dict) -> list[str]:
     """The command line of one supervised child (the same options, one process)."""
+def _cannot_listen(addr: str, port: int, exc: Exception) -> CommandError:
+    """The one-line error of a metrics port that cannot be bound: ``--metrics-port: cannot listen on ADDR:PORT: REASON``."""
+    reason = getattr(exc, "strerror", None) or str(exc)
+    return CommandError(f"--metrics-port: cannot listen on {addr}:{port}: {reason}")
+
+
     args = [f"--queue={q}" for q in options["queues"] or ()]
     args += [
         f"--concurrency={options['concurrency']}",
