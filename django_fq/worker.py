@@ -153,6 +153,9 @@ _ACK_BATCH = 500
 FAULTS_ENV = "FQ_TEST_WORKER_FAULTS"
 #: Set by the supervisor in each child: the supervisor's pid (a child stops when it is orphaned).
 SUPERVISOR_ENV = "FQ_WORKER_SUPERVISOR_PID"
+#: Exit status of a supervised child that cannot start as configured (sysexits' EX_CONFIG): a metrics
+#: port that cannot be bound, a failed system check, handlers that do not load. Not restarted.
+EX_CONFIG = 78
 
 
 class WorkerConfigError(ValueError):
@@ -1450,7 +1453,10 @@ class Supervisor:
     ``command(index)`` returns the argv of child ``index``. A child that
     exits 0 (``--burst`` finished, ``--max-jobs`` reached) is not restarted;
     one that crashes (non-zero exit, killed) is restarted after a pause that
-    grows while it keeps crashing (1 s doubling to 30 s). The first
+    grows while it keeps crashing (1 s doubling to 30 s). A child that exits
+    with :data:`EX_CONFIG` (78) could not start as configured, which a restart
+    cannot cure: the others are stopped as on SIGTERM, nothing is restarted,
+    and :meth:`run` returns 78 (``failed_index`` names that child). The first
     SIGTERM/SIGINT is forwarded to every child as SIGTERM (each then drains
     within its grace period) and no child is restarted any more; a second
     one is forwarded too (the children exit at once). Children run in their
@@ -1470,8 +1476,15 @@ class Supervisor:
         self._restart_at: dict[int, float] = {}
         self._pause: dict[int, float] = {}
         self._finished: dict[int, int] = {}
+        #: Index of the child that exited with EX_CONFIG, if one did.
+        self.failed_index: int | None = None
 
     def run(self) -> int:
+        """Start the children and look after them until every one has ended.
+
+        Returns 0 when every child ended with status 0, :data:`EX_CONFIG`
+        when one could not start as configured, 1 otherwise.
+        """
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         emit(logging.INFO, "supervisor.start", pid=os.getpid(), processes=self.processes)
@@ -1482,17 +1495,22 @@ class Supervisor:
             for index, child in list(self.children.items()):
                 if index in self._finished:
                     continue
+                stopping = self._signals or self.failed_index is not None
                 if child is None:
-                    if not self._signals and now >= self._restart_at.get(index, 0):
+                    if not stopping and now >= self._restart_at.get(index, 0):
                         self._start(index)
-                    elif self._signals:
+                    elif stopping:
                         self._finished[index] = 0
                     continue
                 code = child.poll()
                 if code is None:
                     continue
                 emit(logging.INFO if code == 0 else logging.ERROR, "supervisor.child_exit", index=index, pid=child.pid, code=code)
-                if code == 0 or self._signals:
+                if code == EX_CONFIG and self.failed_index is None and not self._signals:
+                    self.failed_index = index
+                    emit(logging.ERROR, "supervisor.start_failed", index=index, code=code, action="stopping_all")
+                    self._stop_children()
+                if code == 0 or stopping or code == EX_CONFIG:
                     self._finished[index] = code
                     continue
                 pause = self._pause.get(index, 0.0)
@@ -1506,6 +1524,8 @@ class Supervisor:
             time.sleep(0.05)
         codes = list(self._finished.values())
         emit(logging.INFO, "supervisor.stop", codes=",".join(map(str, codes)))
+        if self.failed_index is not None:
+            return EX_CONFIG
         return 0 if all(c == 0 for c in codes) else 1
 
     def _start(self, index: int) -> None:
@@ -1517,6 +1537,10 @@ class Supervisor:
     def _on_signal(self, signum: int, frame) -> None:
         self._signals += 1
         emit(logging.INFO, "supervisor.signal", signal=signal.Signals(signum).name, count=self._signals)
+        self._stop_children()
+
+    def _stop_children(self) -> None:
+        """Send SIGTERM to every running child."""
         for child in self.children.values():
             if child is not None and child.poll() is None:
                 try:

@@ -15,6 +15,7 @@ the exporter view (``fq_queue_*``, :mod:`django_fq.metrics.views`).
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 
@@ -184,3 +185,20 @@ def serve(port: int, addr: str = "127.0.0.1"):
     server, _thread = start_http_server(port, addr=addr)
     emit(logging.INFO, "worker.metrics", addr=addr, port=server.server_port, path="/metrics")
     return server
+
+
+def check_port(port: int, addr: str = "127.0.0.1") -> None:
+    """Bind ``addr:port`` for a moment, as :func:`serve` would, and let it go again.
+
+    ``port`` is a TCP port (1 – 65535), ``addr`` a host name or an IPv4/IPv6
+    address of this host. Lets the ``--processes`` supervisor refuse a taken
+    port before it starts any worker; the port can still be taken between
+    this check and the real bind, so :func:`serve` stays the one that
+    decides. Raises ``OSError`` (``socket.gaierror`` for an unknown host
+    name) when the address cannot be bound.
+    """
+    # The family the way prometheus-client's server picks it; SO_REUSEADDR as http.server sets it.
+    family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)

@@ -44,9 +44,9 @@ MAX_CONCURRENCY, MAX_PROCESSES = 1000, 256
 
 class Command(BaseCommand):
     help = "Run django-fq workers: claim jobs, run their handlers, ack or nack them; reap expired leases."
-
     #: Set once the worker runs: an error before that is a start-up error (EX_CONFIG in a supervised child).
     _running = False
+
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--queue",
@@ -134,7 +134,6 @@ class Command(BaseCommand):
             help="Address the metrics server listens on. Default 127.0.0.1 (this host only).",
         )
 
-    def handle(self, *args, **options) -> None:
     def execute(self, *args, **options):
         """Run the command; in a supervised child, a :class:`CommandError` before the worker runs exits 78.
 
@@ -151,6 +150,7 @@ class Command(BaseCommand):
                 exc.returncode = EX_CONFIG
             raise
 
+    def handle(self, *args, **options) -> None:
         self._setup_logging(options["verbosity"])
         self._validate(options)
         self._check_database(options)
@@ -198,9 +198,9 @@ class Command(BaseCommand):
         progress = None
         if options["burst"] and not options["no_progress"] and _isatty(sys.stderr):
             progress = _DrainProgress(worker)
+        self._running = True
         try:
             if progress is not None:
-        self._running = True
                 with progress:
                     stats = worker.run()
             else:
@@ -304,8 +304,6 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         if not getattr(settings, "SETTINGS_MODULE", None):
             raise CommandError("--processes needs a settings module (DJANGO_SETTINGS_MODULE)")
-        connections.close_all()  # the children open their own
-
         port, addr = options["metrics_port"], options["metrics_addr"]
         if port:  # refuse a taken port before starting anyone (a child still refuses it, with EX_CONFIG)
             from django_fq.metrics.worker import check_port
@@ -315,6 +313,8 @@ class Command(BaseCommand):
                     check_port(p, addr)
                 except (OSError, ValueError) as exc:
                     raise _cannot_listen(addr, p, exc) from None
+        connections.close_all()  # the children open their own
+
         def command(index: int) -> list[str]:
             args = _child_args(options)
             if index > 0 and "--no-reaper" not in args:
@@ -347,14 +347,14 @@ class Command(BaseCommand):
             logger.addHandler(stream)
 
 
-def _child_args(options: dict) -> list[str]:
-    """The command line of one supervised child (the same options, one process)."""
 def _cannot_listen(addr: str, port: int, exc: Exception) -> CommandError:
     """The one-line error of a metrics port that cannot be bound: ``--metrics-port: cannot listen on ADDR:PORT: REASON``."""
     reason = getattr(exc, "strerror", None) or str(exc)
     return CommandError(f"--metrics-port: cannot listen on {addr}:{port}: {reason}")
 
 
+def _child_args(options: dict) -> list[str]:
+    """The command line of one supervised child (the same options, one process)."""
     args = [f"--queue={q}" for q in options["queues"] or ()]
     args += [
         f"--concurrency={options['concurrency']}",
