@@ -27,7 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import db, validation
+from django.conf import settings
+
+from . import conf, db, validation
 from .exceptions import QueueNotFound
 from .models import Job, Lease, Queue
 
@@ -172,6 +174,16 @@ def queue_gauges() -> list[QueueHealth]:
     Four statements, whatever the number of queues. Used by the Prometheus exporter.
     """
     return _read(None, 0)
+
+
+def database_setting_error() -> str | None:
+    """What is wrong with the ``FQ_DATABASE`` setting, as one line, or ``None`` when it names an alias of ``DATABASES``.
+
+    Django raises ``ConnectionDoesNotExist`` for such a typo only when the
+    queues are read; ``fq`` and the exporter view report this line instead.
+    """
+    alias = conf.database()
+    return None if alias in settings.DATABASES else f"FQ_DATABASE={alias!r} is not in DATABASES"
 
 
 def _read(queue: str | None, stuck_lease_ms: int) -> list[QueueHealth]:

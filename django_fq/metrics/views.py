@@ -19,7 +19,8 @@ Who may read it (checked in this order):
 Anyone else gets 403. Answers: 200 with the text exposition format
 (OpenMetrics when the scraper asks for it), 405 for a method other than
 GET/HEAD, 503 with a one-line reason when ``prometheus-client`` is not
-installed or the database cannot be read.
+installed, the database cannot be read, or ``FQ_DATABASE`` names no alias of
+``DATABASES``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ import logging
 from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
+from django.utils.connection import ConnectionDoesNotExist
 from django.views.decorators.cache import never_cache
+
+from .. import health
 
 log = logging.getLogger("django_fq.metrics")
 
@@ -100,4 +104,8 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         log.warning("metrics scrape failed: database error: %s", first)
         return _text(f"unavailable: database error: {first}", 503, Retry_After="5")
+    except ConnectionDoesNotExist as exc:  # FQ_DATABASE (or a router) names an alias DATABASES lacks
+        first = health.database_setting_error() or str(exc)
+        log.warning("metrics scrape failed: %s", first)
+        return _text(f"unavailable: {first}", 503, Retry_After="5")
     return HttpResponse(body, content_type=content_type)

@@ -179,3 +179,12 @@ def test_a_database_error_answers_503_not_a_traceback(monkeypatch):
     assert response.status_code == 503
     assert response.content == b"unavailable: database error: could not connect to server: Connection refused\n"
     assert response["Retry-After"] == "5"
+
+
+def test_fq_database_naming_a_missing_alias_answers_503_not_a_500(settings):
+    fq.configure(Q)
+    settings.FQ_DATABASE = "queue"  # a typo, or an alias only production has
+    response = Client().get("/metrics/", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert response.status_code == 503
+    assert response.content == b"unavailable: FQ_DATABASE='queue' is not in DATABASES\n"
+    assert response["Retry-After"] == "5"

@@ -10,6 +10,7 @@ or job, bad JSON, value out of range, invalid receipt, wrong state, …) — the
 message goes to stderr (with ``--json``: the error's JSON object) and nothing
 is changed; 2 for malformed command lines (argparse usage errors: one line on
 stderr, with ``--json`` the object ``{"code": "usage", "message", "field"}``).
+``fq health`` answers 3 (unknown) instead of 1 and 2, for monitoring systems.
 
 Django's own options (``--settings``, ``--pythonpath``, ``--traceback``,
 ``-v``, ``--no-color``, ``--force-color``, ``--skip-checks``) are accepted before or after the
@@ -28,8 +29,10 @@ import sys
 from dataclasses import asdict
 from typing import IO, cast
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core import checks
+from django.core.management.base import BaseCommand, CommandError, SystemCheckError
 from django.db import OperationalError, ProgrammingError
+from django.utils.connection import ConnectionDoesNotExist
 
 from ... import backup, health, services
 from ...exceptions import FqError, InvalidArgument, InvalidBackup, InvalidJson
@@ -111,10 +114,23 @@ class Command(BaseCommand):
         parser.add_argument("--json", dest="as_json", action="store_true", help="print machine-readable JSON")
         parser.error = functools.partial(_usage_error, parser)
         sub = parser.add_subparsers(dest="op", metavar="OP", required=True, title="operations")
+        parse_known_args = parser.parse_known_args
+
+        def parse_known_args_of_fq(args=None, namespace=None):
+            # Arguments no parser took are refused by the top-level parser (exit 2), after the
+            # operation's parser ran: refuse them as that operation, so fq health exits 3.
+            parser.fq_argv = list(sys.argv[1:] if args is None else args)  # where _usage_error looks for --json
+            found, extras = parse_known_args(args, namespace)
+            op_parser = sub.choices.get(getattr(found, "op", None) or "")
+            if extras and op_parser is not None:
+                op_parser.error(f"unrecognized arguments: {' '.join(extras)}")
+            return found, extras
+
+        parser.parse_known_args = parse_known_args_of_fq
 
         def op(name, help_text):
             p = sub.add_parser(name, help=help_text, description=help_text)
-            p.error = functools.partial(_usage_error, p)
+            p.error = functools.partial(_usage_error, p, root=parser)
             p.add_argument(
                 "--json", dest="as_json", action="store_true", default=argparse.SUPPRESS, help="print machine-readable JSON"
             )
@@ -226,7 +242,7 @@ class Command(BaseCommand):
             help="critical when a job has been ready (not claimed) for longer than this (0 - 30 days; default: not checked)",
         )  # fmt: skip
         # A monitoring system reads exit 2 as "critical": a usage error must be "unknown" (3) instead.
-        p.error = functools.partial(_usage_error, p, exit_code=health.UNKNOWN_EXIT)
+        p.error = functools.partial(_usage_error, p, root=parser, exit_code=health.UNKNOWN_EXIT)
 
         p = op(
             "export",
@@ -262,6 +278,27 @@ class Command(BaseCommand):
 
     # --- dispatch -------------------------------------------------------------------------
 
+    def execute(self, *args, **options):
+        """Run the command; the operation decides how errors end (``fq health``: 3), system checks included."""
+        self.as_json = options.get("as_json", False)
+        self.op = options["op"]
+        self.fail_status = health.UNKNOWN_EXIT if self.op == "health" else 1
+        return super().execute(*args, **options)
+
+    def check(self, *args, **kwargs):
+        """Django's system checks; for ``fq health`` a failed one is a one-line error and exit 3 (unknown).
+
+        Takes :meth:`BaseCommand.check`'s arguments. For the other operations
+        a failed check raises :class:`SystemCheckError` as in every command
+        (Django prints the report and exits 1).
+        """
+        try:
+            return super().check(*args, **kwargs)
+        except SystemCheckError:
+            if getattr(self, "op", None) != "health":
+                raise
+            self._fail("health", _SettingError(_failed_checks(**kwargs)))
+
     def handle(self, *args, **options):
         self.as_json = options.get("as_json", False)
         self.stdin = options.get("stdin") or sys.stdin
@@ -271,6 +308,8 @@ class Command(BaseCommand):
             getattr(self, "do_" + op.replace("-", "_"))(options)
         except FqError as exc:
             self._fail(op, exc)
+        except ConnectionDoesNotExist as exc:  # FQ_DATABASE (or a router) names no alias of DATABASES
+            self._fail(op, _SettingError(health.database_setting_error() or str(exc), field="FQ_DATABASE"))
         except (ProgrammingError, OperationalError) as exc:
             # A missing table or an unreachable server is not a bug of the caller's
             # input, but a traceback helps no one: say what is wrong and what to do.
@@ -605,8 +644,12 @@ def _integer(text: str) -> int:
 _ARGUMENT = re.compile(r"argument ([^\s:/]+)|arguments are required: ([^\s,]+)")
 
 
-def _usage_error(parser, message: str, *, exit_code: int = 2):
+def _usage_error(parser, message: str, *, root=None, exit_code: int = 2):
     """A malformed command line: one line on stderr, or with ``--json`` an error object; exit ``exit_code``.
+
+    ``parser`` is the parser that found the mistake, ``root`` the command's
+    top-level parser (it keeps the arguments being parsed, ``fq_argv``:
+    ``--json`` among them asks for the object; default ``sys.argv``).
 
     The line reads ``manage.py fq OP: error: MESSAGE (see manage.py fq OP --help)``;
     the object is ``{"code": "usage", "message", "field"}`` with the option or
@@ -619,12 +662,38 @@ def _usage_error(parser, message: str, *, exit_code: int = 2):
         raise CommandError(f"Error: {message}")
     found = _ARGUMENT.search(message)
     field = (found.group(1) or found.group(2)) if found else None
-    if "--json" in sys.argv[1:]:
+    argv = getattr(root or parser, "fq_argv", None)
+    if "--json" in (sys.argv[1:] if argv is None else argv):
         text = json.dumps({"code": "usage", "message": message, "field": field})
     else:
         text = f"{parser.prog}: error: {message} (see {parser.prog} --help)"
     sys.stderr.write(text + "\n")
     sys.exit(exit_code)
+
+
+class _SettingError(FqError):
+    """The project's settings keep django-fq from working (a failed system check, FQ_DATABASE naming no alias)."""
+
+    code = "configuration"
+
+
+def _failed_checks(app_configs=None, tags=None, include_deployment_checks=False, fail_level=checks.ERROR,
+                   databases=None, **_ignored) -> str:  # fmt: skip
+    """One line naming the first system check that failed (and how many more did), for ``fq health``.
+
+    Takes :meth:`BaseCommand.check`'s arguments and runs the same checks again.
+    """
+    issues = checks.run_checks(
+        app_configs=app_configs, tags=tags, include_deployment_checks=include_deployment_checks, databases=databases
+    )
+    serious = [i for i in issues if i.is_serious(fail_level) and not i.is_silenced()]
+    if not serious:
+        return "a system check failed (see manage.py check)"
+    first = serious[0]
+    text = f"system check {first.id} failed: {str(first.msg).strip()}"
+    if len(serious) > 1:
+        text += f" (and {len(serious) - 1} more: see manage.py check)"
+    return text
 
 
 def _envelopes(text: str) -> list:
