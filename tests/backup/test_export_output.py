@@ -34,7 +34,7 @@ def test_a_symlink_is_kept_and_its_target_written(tmp_path):
     link = tmp_path / "latest.jsonl"
     link.symlink_to(target)
 
-    code, out, err = run_fq("export", "-o", str(link))
+    code, _out, err = run_fq("export", "-o", str(link))
 
     assert code == 0, err
     assert link.is_symlink() and os.readlink(link) == str(target)
@@ -70,7 +70,7 @@ def test_a_named_pipe_is_written_into_not_replaced(tmp_path):
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader is there: the writer never blocks
     try:
-        code, out, err = run_fq("export", "-o", str(fifo))
+        code, _out, err = run_fq("export", "-o", str(fifo))
         got = b""
         while True:
             try:

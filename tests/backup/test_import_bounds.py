@@ -107,7 +107,7 @@ def test_a_job_running_on_its_last_attempt_is_restored_with_that_attempt_given_b
     it still has its last attempt, and never runs past ``max_attempts``."""
     fq.configure(Q)
     uid = fq.enqueue(Q, {"n": 1}, max_attempts=1).id
-    (claimed,) = fq.claim(Q, worker="w-9")
+    (_claimed,) = fq.claim(Q, worker="w-9")
     text = export_text([Q])
     (row,) = [r for r in lines_of(text) if r.get("type") == "job"]
     header = lines_of(text)[0]
