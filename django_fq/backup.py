@@ -426,9 +426,10 @@ class _Replayable:
         self._it = it
         if self._source is not None:
             return
+        stream = cast(Any, lines)  # a file object, when it has seekable()
         with contextlib.suppress(AttributeError, OSError, ValueError):
-            if self._stream.seekable():
-                self._start = self._stream.tell()
+            if stream.seekable():
+                self._start = stream.tell()
                 return
         self._spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY)  # noqa: SIM115 - closed in close()
 
