@@ -8,6 +8,11 @@ django_fq.E002     ``FQ_DATABASE`` names no alias of ``DATABASES``
 django_fq.E003     an ``FQ_MAX_*`` / retention setting is not a positive int
 django_fq.E004     SQLite file database not in WAL mode (several worker processes
                    would block each other and readers); checked with ``--database``
+django_fq.E005     a ``TASKS`` alias whose ``BACKEND`` is django-fq's cannot be built
+                   (its ``InvalidTaskBackend`` message: unknown ``OPTIONS`` key, …)
+django_fq.E006     the job handlers cannot be loaded as ``fq_worker`` loads them (two
+                   handlers for one queue, e.g. a Tasks queue that also has an
+                   ``@handler``; a broken ``fq_handlers`` module or ``FQ_HANDLERS`` path)
 django_fq.W001     SQLite ``transaction_mode`` is not ``IMMEDIATE``: the caller's own
                    transactions that enqueue may fail with "database is locked"
 django_fq.W002     SQLite without an explicit busy timeout (``OPTIONS["timeout"]``)
@@ -22,8 +27,43 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
-from . import conf
+from . import conf, handlers
+
+
+class HandlerLoadError(Exception):
+    """The job handlers cannot be loaded; the message is one line that says why."""
+
+
+def load_handlers() -> None:
+    """Load the job handlers as ``fq_worker`` does: ``fq_handlers`` modules, ``FQ_HANDLERS``, ``TASKS``.
+
+    Raises :class:`HandlerLoadError` with a one-line reason: a broken
+    ``fq_handlers`` module or ``FQ_HANDLERS`` path, two handlers for one queue
+    (also a Django Tasks queue that has an ``@handler`` too), or a django-fq
+    ``TASKS`` backend that cannot be built. Used by ``fq_worker`` before it
+    starts and by the system check ``django_fq.E006``, so both say the same.
+    Loading twice is harmless: a handler registered again is the same function.
+    """
+    try:
+        handlers.autodiscover()
+        if _fq_task_aliases():
+            # django_fq.fq_handlers registers the Tasks queues when it is first imported; do it
+            # again (a no-op when done) so a process that changed TASKS since is checked too.
+            from .tasks.runner import register_configured
+
+            register_configured()
+    except ImproperlyConfigured as exc:  # InvalidTaskBackend: its message starts with TASKS['alias']
+        raise HandlerLoadError(_one_line(exc)) from exc
+    except (ImportError, ValueError) as exc:
+        raise HandlerLoadError(f"cannot load the job handlers (fq_handlers modules, FQ_HANDLERS): {_one_line(exc)}") from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
 
 
 @register()
@@ -92,6 +132,59 @@ def _check_routing() -> list:
             id="django_fq.W003",
         )
     ]
+
+
+def _fq_task_aliases() -> list[str]:
+    """Aliases of ``settings.TASKS`` whose ``BACKEND`` is django-fq's (no Tasks framework import otherwise)."""
+    aliases = []
+    for alias, params in (getattr(settings, "TASKS", None) or {}).items():
+        path = str((params or {}).get("BACKEND", "")) if isinstance(params, dict) else ""
+        if path.startswith("django_fq."):
+            aliases.append(alias)
+            continue
+        try:
+            if getattr(import_string(path), "is_fq_backend", False):
+                aliases.append(alias)
+        except ImportError:
+            continue  # not ours: Django's own checks and backend handler report it
+    return aliases
+
+
+@register()
+def check_tasks(app_configs=None, **kwargs):
+    """E005: build each django-fq ``TASKS`` backend; E006: load the handlers as ``fq_worker`` does."""
+    errors: list[CheckMessage] = []
+    aliases = _fq_task_aliases()
+    if aliases:
+        try:
+            from .tasks import task_backends
+        except ImportError as exc:  # no Tasks framework installed
+            return [Error(_one_line(exc), id="django_fq.E005")]
+        for alias in aliases:
+            try:
+                task_backends[alias]
+            except (ImportError, ImproperlyConfigured) as exc:
+                errors.append(
+                    Error(
+                        _one_line(exc),
+                        hint="Fix this entry of TASKS (see docs/tasks.md); fq_worker refuses to start with it.",
+                        id="django_fq.E005",
+                    )
+                )
+    if errors:
+        return errors  # the handlers cannot load either; say it once
+    try:
+        load_handlers()
+    except HandlerLoadError as exc:
+        errors.append(
+            Error(
+                str(exc),
+                hint="fq_worker refuses to start with this: each queue takes one handler, and its "
+                "fq_handlers modules and FQ_HANDLERS paths must import.",
+                id="django_fq.E006",
+            )
+        )
+    return errors
 
 
 @register(Tags.database)

@@ -90,7 +90,8 @@ def option_error(name: str, value: object) -> str | None:
             validation.integer(value, name, *POLICY_BOUNDS[name])
         except InvalidArgument as exc:
             lo, hi = POLICY_BOUNDS[name]
-            return f"{exc.message} ({lo}–{hi})"
+            # "must be an integer" gains the range; "must be between 1 and 1000" says it already.
+            return exc.message if f"{lo} and {hi}" in exc.message else f"{exc.message} ({lo}–{hi})"
         return None
     if callable(value):
         return None

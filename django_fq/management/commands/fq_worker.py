@@ -32,7 +32,8 @@ from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
-from django_fq import conf, handlers, services, validation
+from django_fq import conf, services, validation
+from django_fq.checks import HandlerLoadError, load_handlers
 from django_fq.exceptions import InvalidArgument, QueueNotFound
 from django_fq.worker import EX_CONFIG, SUPERVISOR_ENV, Supervisor, Worker, WorkerConfigError, child_command
 
@@ -155,10 +156,11 @@ class Command(BaseCommand):
         self._validate(options)
         self._check_database(options)
         try:
-            handlers.autodiscover()
-        except (ImportError, ValueError) as exc:
-            # A broken fq_handlers module, a wrong FQ_HANDLERS path, two handlers for one queue.
-            raise CommandError(f"cannot load the job handlers (fq_handlers modules, FQ_HANDLERS): {exc}") from exc
+            load_handlers()
+        except HandlerLoadError as exc:
+            # A broken fq_handlers module, a wrong FQ_HANDLERS path, two handlers for one queue,
+            # a bad TASKS backend (InvalidTaskBackend): one line, no traceback.
+            raise CommandError(str(exc)) from exc
 
         if options["processes"] > 1 and not os.environ.get(SUPERVISOR_ENV):
             self._supervise(options)

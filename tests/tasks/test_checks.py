@@ -1,0 +1,141 @@
+"""A bad ``TASKS`` setting is reported by ``manage.py check`` and stops ``fq_worker`` in one line.
+
+Found by a new user: ``OPTIONS={"bogus": 1}`` passed ``check`` and then
+``fq_worker --burst`` exited with a 43-line traceback; a Tasks queue that also
+had an ``@handler`` passed ``check`` and only ``fq_worker`` refused it.
+``django_fq.E005`` builds each django-fq backend, ``django_fq.E006`` loads the
+handlers with the worker's own code (:func:`django_fq.checks.load_handlers`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from django_fq import checks
+from django_fq.tasks import InvalidTask
+
+ROOT = Path(__file__).resolve().parents[2]
+BACKEND = "django_fq.tasks.FqBackend"
+BOGUS = {"default": {"BACKEND": BACKEND, "QUEUES": ["default"], "OPTIONS": {"bogus": 1, "queue_prefix": "tkchk."}}}
+#: ``t.ok`` has the handler ``tests.testapp.fq_handlers.record``.
+CLASH = {"default": {"BACKEND": BACKEND, "QUEUES": ["ok"], "OPTIONS": {"queue_prefix": "t."}}}
+
+
+def _ids(messages) -> list[str]:
+    return [m.id for m in messages]
+
+
+def test_the_test_settings_pass_the_tasks_check():
+    assert checks.check_tasks(None) == []
+
+
+def test_an_unknown_backend_option_is_error_e005_with_the_backends_message(settings):
+    settings.TASKS = BOGUS
+
+    found = checks.check_tasks(None)
+
+    assert _ids(found) == ["django_fq.E005"]
+    assert found[0].msg.startswith("TASKS['default']: unknown OPTIONS key 'bogus' (known: ")
+    assert "\n" not in found[0].msg
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"QUEUES": []}, "QUEUES must name at least one queue"),
+        ({"QUEUES": ["has space"]}, "not a valid fq queue name"),
+        ({"QUEUES": ["default"], "OPTIONS": {"max_attempts": 0}}, "max_attempts must be between 1 and 1000"),
+    ],
+)
+def test_every_invalid_backend_is_reported(settings, params, message):
+    settings.TASKS = {"ok": {"BACKEND": BACKEND, "QUEUES": ["x"], "OPTIONS": {"queue_prefix": "tkchk."}}, "bad": {"BACKEND": BACKEND, **params}}
+
+    found = checks.check_tasks(None)
+
+    assert _ids(found) == ["django_fq.E005"]
+    assert found[0].msg.startswith("TASKS['bad']") and message in found[0].msg
+
+
+def test_backends_of_other_frameworks_are_left_to_them(settings):
+    from django_fq.tasks import FRAMEWORK
+
+    settings.TASKS = {"default": {"BACKEND": f"{FRAMEWORK}.backends.immediate.ImmediateBackend", "OPTIONS": {"bogus": 1}}}
+
+    assert "django_fq.E005" not in _ids(checks.check_tasks(None))
+
+
+def test_a_tasks_queue_that_has_an_fq_handler_is_error_e006(settings):
+    settings.TASKS = CLASH
+
+    found = checks.check_tasks(None)
+
+    assert _ids(found) == ["django_fq.E006"]
+    assert "'t.ok'" in found[0].msg and "tests.testapp.fq_handlers.record" in found[0].msg
+    assert "queue_prefix" in found[0].msg
+
+
+def test_the_check_and_the_worker_refuse_a_clash_with_the_same_words(settings):
+    settings.TASKS = CLASH
+    [found] = checks.check_tasks(None)
+
+    with pytest.raises(CommandError) as refused:
+        call_command("fq_worker", "--burst", "--no-progress", skip_checks=True)
+
+    assert str(refused.value) == found.msg
+
+
+def test_fq_worker_turns_an_invalid_backend_into_one_line(settings):
+    settings.TASKS = BOGUS
+
+    with pytest.raises(CommandError) as refused:
+        call_command("fq_worker", "--burst", "--no-progress", skip_checks=True)
+
+    assert str(refused.value).startswith("TASKS['default']: unknown OPTIONS key 'bogus'")
+
+
+def _manage(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.update(DJANGO_SETTINGS_MODULE="tests.tasks.bad_settings", PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+    return subprocess.run(
+        [sys.executable, "-m", "django", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_in_a_real_process_check_fails_and_fq_worker_says_one_line():
+    checked = _manage("check")
+    assert checked.returncode == 1
+    assert "(django_fq.E005) TASKS['default']: unknown OPTIONS key 'bogus'" in checked.stderr
+
+    for extra in ((), ("--skip-checks",)):
+        worker = _manage("fq_worker", "--burst", "--no-progress", *extra)
+        assert worker.returncode == 1
+        assert "Traceback" not in worker.stderr
+        if extra:
+            assert worker.stderr.strip().splitlines() == [
+                "CommandError: TASKS['default']: unknown OPTIONS key 'bogus' (known: enqueue_on_commit, idempotency, "
+                "idempotency_retention_ms, max_attempts, queue_prefix, tasks, timeout_ms, unique_key)"
+            ]
+        else:
+            assert "django_fq.E005" in worker.stderr
+
+
+# --- an option out of range says its range once ---------------------------------------------------
+
+
+def test_an_option_out_of_range_says_its_range_once():
+    from tests.tasks import sample
+
+    with pytest.raises(InvalidTask) as out_of_range:
+        sample.add.using(max_attempts=0)
+    with pytest.raises(InvalidTask) as not_an_int:
+        sample.add.using(max_attempts="3")
+
+    assert str(out_of_range.value) == "tests.tasks.sample.add: max_attempts must be between 1 and 1000"
+    assert str(not_an_int.value) == "tests.tasks.sample.add: max_attempts must be an integer (1–1000)"
