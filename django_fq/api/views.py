@@ -32,8 +32,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import services
-from ..exceptions import CountOutOfRange, FqError, InvalidArgument, InvalidJson, InvalidTime, JobNotFound, QueueNotFound
+from ..exceptions import CountOutOfRange, FqError, InvalidArgument, InvalidJson, InvalidTime, QueueNotFound
 from ..services.enqueue import ENVELOPE_KEYS
+from ..services.jobs import job_not_found
 from ..types import STATE_NAMES, QueuePolicy
 from . import conf, longpoll
 from . import serializers as s
@@ -158,10 +159,10 @@ def _query_int(request, name: str, default):
     return raw
 
 
-def _job_id(job_id: str) -> str:
+def _job_id(queue: str, job_id: str) -> str:
     # No stored id contains NUL, and PostgreSQL cannot even compare text with one.
     if "\x00" in job_id:
-        raise JobNotFound(field="job_id")
+        raise job_not_found(queue, job_id)
     return job_id
 
 
@@ -467,7 +468,7 @@ class JobDetailView(FqAPIView):
         tags=["jobs"],
     )
     def get(self, request, queue, job_id):
-        return Response(_job(services.get(queue, _job_id(job_id))))
+        return Response(_job(services.get(queue, _job_id(queue, job_id))))
 
 
 class JobRetryView(FqAPIView):
@@ -484,7 +485,7 @@ class JobRetryView(FqAPIView):
         tags=["jobs"],
     )
     def post(self, request, queue, job_id):
-        return Response(_job(services.retry(queue, _job_id(job_id))))
+        return Response(_job(services.retry(queue, _job_id(queue, job_id))))
 
 
 class JobCancelView(FqAPIView):
@@ -501,7 +502,7 @@ class JobCancelView(FqAPIView):
         tags=["jobs"],
     )
     def post(self, request, queue, job_id):
-        return Response(_job(services.cancel(queue, _job_id(job_id))))
+        return Response(_job(services.cancel(queue, _job_id(queue, job_id))))
 
 
 class JobWaitView(FqAPIView):
@@ -524,7 +525,7 @@ class JobWaitView(FqAPIView):
     )
     def get(self, request, queue, job_id):
         timeout = _query_int(request, "timeout_ms", DEFAULT_WAIT_MS)
-        return Response(_job(longpoll.wait(queue, _job_id(job_id), timeout_ms=timeout)))
+        return Response(_job(longpoll.wait(queue, _job_id(queue, job_id), timeout_ms=timeout)))
 
     @_doc(
         operation_id="job_wait",
@@ -537,7 +538,7 @@ class JobWaitView(FqAPIView):
     def post(self, request, queue, job_id):
         body = _body(request, {"timeout_ms"})
         timeout = _given(body, "timeout_ms", DEFAULT_WAIT_MS)
-        return Response(_job(longpoll.wait(queue, _job_id(job_id), timeout_ms=timeout)))
+        return Response(_job(longpoll.wait(queue, _job_id(queue, job_id), timeout_ms=timeout)))
 
 
 # --- leases --------------------------------------------------------------------------------------------

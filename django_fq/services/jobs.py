@@ -79,10 +79,10 @@ def get(queue: str, job_id: str) -> JobInfo:
     """
     q = get_queue(queue)
     if not validation.job_id(job_id):
-        raise JobNotFound(field="job_id")
+        raise job_not_found(queue, job_id)
     rows = list(_job_rows(q.id).filter(uid=job_id).values(*_LIST_FIELDS, "reported", "lease_deadline", "payload", "result", "errors"))
     if not rows:
-        raise JobNotFound(f"no job {job_id} in queue {queue}", field="job_id")
+        raise job_not_found(queue, job_id)
     return _info(rows[0], queue, full=True)
 
 
@@ -185,7 +185,7 @@ def retry(queue: str, job_id: str) -> JobInfo:
 
     def apply():
         conn = db.connection()
-        job = _lock_job(q.id, job_id)
+        job = _lock_job(q.id, queue, job_id)
         if job.state != "dead":
             state = _job_rows(q.id).filter(seq=job.seq).values_list("reported", flat=True).get()
             raise InvalidState(f"only dead jobs can be retried; this job is {state}", field="job_id", state=state)
@@ -218,7 +218,7 @@ def requeue(queue: str, job_id: str) -> JobInfo:
 
     def apply():
         conn = db.connection()
-        job = _lock_job(q.id, job_id)
+        job = _lock_job(q.id, queue, job_id)
         if job.state != "queued":
             raise InvalidState(f"only scheduled or ready jobs can be requeued; this job is {job.state}", field="job_id", state=job.state)
         moved = manager(Job).filter(seq=job.seq, run_at__gt=db.DbNow()).update(run_at=db.DbNow(), changed_at=db.DbNow())
@@ -242,7 +242,7 @@ def cancel(queue: str, job_id: str) -> JobInfo:
         conn = db.connection()
         for _ in range(5):
             lease = _lock_lease_of(q.id, job_id)
-            job = _lock_job(q.id, job_id)
+            job = _lock_job(q.id, queue, job_id)
             if job.state in ("succeeded", "cancelled"):
                 raise InvalidState(f"a {job.state} job cannot be cancelled", field="job_id", state=job.state)
             if job.state == "running" and lease is None:
@@ -268,15 +268,26 @@ def cancel(queue: str, job_id: str) -> JobInfo:
     return get(queue, job_id)
 
 
-def _lock_job(queue_id: int, job_id: object) -> Job:
+def job_not_found(queue: str, job_id: object) -> JobNotFound:
+    """The one "job not found" error: ``no job <id> in queue <queue>``, or, for a malformed id, that it is none.
+
+    A malformed value is not echoed (it could be anything, a receipt pasted
+    in the wrong place included).
+    """
+    if validation.job_id(job_id):
+        return JobNotFound(f"no job {job_id} in queue {queue}", field="job_id")
+    return JobNotFound("not a job id: job ids are 32 lowercase hex characters", field="job_id")
+
+
+def _lock_job(queue_id: int, queue: str, job_id: object) -> Job:
     if not validation.job_id(job_id):
-        raise JobNotFound(field="job_id")
+        raise job_not_found(queue, job_id)
     qs = manager(Job).filter(queue_id=queue_id, uid=job_id)
     if db.is_postgres():
         qs = qs.select_for_update()
     job = qs.first()
     if job is None:
-        raise JobNotFound(f"no job {job_id} in this queue", field="job_id")
+        raise job_not_found(queue, job_id)
     return job
 
 

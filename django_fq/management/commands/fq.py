@@ -84,6 +84,11 @@ POLICY_OPTIONS = (
 )
 
 
+def _names(message: str, where: str) -> bool:
+    """Whether ``message`` already names ``where`` as it would be appended (``items[1].priority``)."""
+    return re.search(rf"(?<![\w.\[-]){re.escape(where)}(?![\w\[-])", message) is not None
+
+
 def _django_options(p: argparse.ArgumentParser) -> None:
     """Django's own options on an operation's parser, so they may follow the operation too.
 
@@ -323,7 +328,8 @@ class Command(BaseCommand):
             self.stderr.write(json.dumps(exc.as_dict(), default=str), style_func=lambda s: s)
         else:
             where = None if isinstance(exc, InvalidBackup) else OPTION_OF_FIELD.get(exc.field or "", exc.field)
-            hint = f" ({where})" if where else ""
+            # Name the option or field once: not again when the message already does.
+            hint = f" ({where})" if where and not _names(exc.message, where) else ""
             # One line, whatever the message quotes (a path or a value may hold a line break).
             message = exc.message.replace("\r", "\\r").replace("\n", "\\n")
             self.stderr.write(f"fq {op}: error: {message}{hint}")
