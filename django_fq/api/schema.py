@@ -95,7 +95,7 @@ class SchemaView(SpectacularAPIView):
         from .urls import api_patterns
 
         path = request.path
-        mount = path[: -len("schema/")] if path.endswith("schema/") else path
+        mount = path.removesuffix("/").removesuffix("schema")  # served at schema/ and at schema
         self.urlconf = list(api_patterns())  # type: ignore[assignment]  # drf-spectacular takes a list of patterns too
         self.custom_settings = spectacular_settings(mount)
         with _generating:

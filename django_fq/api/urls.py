@@ -1,6 +1,7 @@
 """URL patterns of the REST API; mount them with ``path("api/fq/", include("django_fq.api.urls"))``.
 
 Names live in the ``fq_api`` namespace, e.g. ``reverse("fq_api:claim", args=["emails"])``.
+Every path also answers without its trailing slash (see :func:`without_slash`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,23 @@ def api_patterns() -> list:
     ]
 
 
+def without_slash(patterns: list) -> list:
+    """The same routes without their trailing slash, so ``POST …/jobs`` works as ``POST …/jobs/`` does.
+
+    Django's ``APPEND_SLASH`` cannot redirect a ``POST`` (with ``DEBUG`` it
+    raises an error, a 500). These routes are unnamed, so ``reverse()`` keeps
+    giving the documented slashed URLs, and built with ``schema=None``, so
+    drf-spectacular leaves them out of any schema of the project.
+    """
+    out = []
+    for pattern in patterns:
+        view = pattern.callback
+        out.append(path(str(pattern.pattern).removesuffix("/"), view.cls.as_view(**{**view.initkwargs, "schema": None})))
+    return out
+
+
 urlpatterns = [
     *api_patterns(),
     path("schema/", SchemaView.as_view(), name="schema"),
 ]
+urlpatterns += without_slash(urlpatterns)
