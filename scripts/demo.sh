@@ -36,16 +36,15 @@ quoted() {  # the arguments as a reader would type them: single quotes where nee
 }
 fq()   { show "python manage.py fq $(quoted "$@")"; "$PY" manage.py fq "$@"; }
 
-if [ -n "${DATABASE_URL:-}" ]; then
-    step "Fresh start: remove var/, migrate and empty the database named by FQ_DEMO_DATABASE_URL"
-else
-    step "Fresh start: remove var/ and create the SQLite database var/db.sqlite3 (WAL, IMMEDIATE transactions)"
-fi
+database="the SQLite database var/db.sqlite3 (WAL, IMMEDIATE transactions)"
+if [ -n "${DATABASE_URL:-}" ]; then database="the database named by FQ_DEMO_DATABASE_URL (emptied)"; fi
+step "Fresh start: remove var/ and migrate $database"
+show "rm -rf var"
 rm -rf var
-show "python manage.py migrate"
+show "python manage.py migrate --no-input | tail -n 3"
 "$PY" manage.py migrate --no-input | tail -n 3
 if [ -n "${DATABASE_URL:-}" ]; then
-    note "FQ_DEMO_DATABASE_URL is set: emptying that database (manage.py flush)"
+    show "python manage.py flush --no-input"
     "$PY" manage.py flush --no-input
 fi
 
@@ -82,17 +81,18 @@ for i in range(1, int(sys.argv[1]) + 1):
     print(json.dumps({"payload": {"user_id": i, "email": f"user{i}@example.com"}, "idempotency": f"welcome-{i}"}))
 PY
 note "var/welcome.jsonl: $(wc -l < var/welcome.jsonl) lines like $(head -n 1 var/welcome.jsonl)"
-show "python manage.py fq enqueue-many emails:welcome var/welcome.jsonl --json"
-"$PY" manage.py fq enqueue-many emails:welcome var/welcome.jsonl --json | "$PY" -c '
+show "python manage.py fq enqueue-many emails:welcome var/welcome.jsonl --json > var/enqueued.json"
+"$PY" manage.py fq enqueue-many emails:welcome var/welcome.jsonl --json > var/enqueued.json
+note "var/enqueued.json: $("$PY" -c '
 import json, sys
-rows = json.load(sys.stdin)
+rows = json.load(open(sys.argv[1]))
 created = sum(int(r["created"]) for r in rows)
-print("%d results, %d created, %d duplicates; first: %s" % (len(rows), created, len(rows) - created, json.dumps(rows[0])))'
+print("%d results, %d created, %d duplicates; the first is %s" % (len(rows), created, len(rows) - created, json.dumps(rows[0])))' var/enqueued.json)"
 fq stats emails:welcome
 
 step "Drain emails:welcome with a worker (exits when nothing is left)"
 start=$(date +%s)
-show "python manage.py fq_worker --queue emails:welcome --burst"
+show "python manage.py fq_worker --queue emails:welcome --burst 2> var/worker.log"
 "$PY" manage.py fq_worker --queue emails:welcome --burst 2> var/worker.log || { cat var/worker.log; exit 1; }
 note "worker log: $(wc -l < var/worker.log) lines in var/worker.log; the last ones:"
 tail -n 3 var/worker.log
@@ -107,17 +107,14 @@ step "Run the welcome job for user 1 again (a new job, no token): the handler se
 show "python manage.py fq enqueue emails:welcome '{\"user_id\":1,\"email\":\"user1@example.com\"}' --json"
 again="$("$PY" manage.py fq enqueue emails:welcome '{"user_id":1,"email":"user1@example.com"}' --json)"
 echo "$again"
-show "python manage.py fq_worker --queue emails:welcome --burst"
+show "python manage.py fq_worker --queue emails:welcome --burst 2>> var/worker.log"
 "$PY" manage.py fq_worker --queue emails:welcome --burst 2>> var/worker.log
 job_id="$(printf '%s' "$again" | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["id"])')"
-show "python manage.py fq get emails:welcome $job_id --json"
-"$PY" manage.py fq get emails:welcome "$job_id" --json | "$PY" -c '
-import json, sys
-job = json.load(sys.stdin)
-print("job %s: state=%s attempts=%s result=%s" % (job["id"], job["state"], job["attempts"], json.dumps(job.get("result"))))'
+fq get emails:welcome "$job_id"
 note "emails written to var/emails: $(count_emails) (still $N_EMAILS)"
 
 step "The admin: a demo superuser admin / admin (for this local demo only)"
+show "DJANGO_SUPERUSER_PASSWORD=admin python manage.py createsuperuser --noinput --username admin --email admin@example.com"
 DJANGO_SUPERUSER_PASSWORD=admin "$PY" manage.py createsuperuser --noinput --username admin --email admin@example.com || true
 note "Run: DEBUG=1 $PY manage.py runserver, open http://127.0.0.1:8000/admin/ and log in as admin / admin (Job queues > Queue dashboard)"
 
