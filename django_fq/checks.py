@@ -59,6 +59,10 @@ def load_handlers() -> None:
         raise HandlerLoadError(_one_line(exc)) from exc
     except (ImportError, ValueError) as exc:
         raise HandlerLoadError(f"cannot load the job handlers (fq_handlers modules, FQ_HANDLERS): {_one_line(exc)}") from exc
+    except Exception as exc:  # any other error raised while a handler module runs (a NameError, a query at import)
+        raise HandlerLoadError(
+            f"cannot load the job handlers (fq_handlers modules, FQ_HANDLERS): {type(exc).__name__}: {_one_line(exc)}"
+        ) from exc
 
 
 def _one_line(exc: BaseException) -> str:
@@ -145,14 +149,14 @@ def _fq_task_aliases() -> list[str]:
         try:
             if getattr(import_string(path), "is_fq_backend", False):
                 aliases.append(alias)
-        except ImportError:
-            continue  # not ours: Django's own checks and backend handler report it
+        except Exception:  # noqa: BLE001 - a backend that does not import is not ours to report
+            continue  # Django's own checks and backend handler report it
     return aliases
 
 
 @register()
 def check_tasks(app_configs=None, **kwargs):
-    """E005: build each django-fq ``TASKS`` backend; E006: load the handlers as ``fq_worker`` does."""
+    """E005: build each django-fq ``TASKS`` backend (settings only: no handler module is imported)."""
     errors: list[CheckMessage] = []
     aliases = _fq_task_aliases()
     if aliases:
@@ -171,8 +175,22 @@ def check_tasks(app_configs=None, **kwargs):
                         id="django_fq.E005",
                     )
                 )
-    if errors:
-        return errors  # the handlers cannot load either; say it once
+    return errors
+
+
+@register(deploy=True)
+def check_handlers(app_configs=None, **kwargs):
+    """E006 (``check --deploy``): load the handlers as ``fq_worker`` does.
+
+    A deploy check, because it imports every ``fq_handlers`` module: ``migrate``
+    and ``runserver`` must not run worker code (a handler module may query
+    tables that ``migrate`` is about to create, and a web image may lack the
+    workers' packages). Skipped when ``E005`` found a broken backend, which
+    would only be reported twice.
+    """
+    if check_tasks():
+        return []
+    errors: list[CheckMessage] = []
     try:
         load_handlers()
     except HandlerLoadError as exc:

@@ -3,8 +3,12 @@
 Found by a new user: ``OPTIONS={"bogus": 1}`` passed ``check`` and then
 ``fq_worker --burst`` exited with a 43-line traceback; a Tasks queue that also
 had an ``@handler`` passed ``check`` and only ``fq_worker`` refused it.
-``django_fq.E005`` builds each django-fq backend, ``django_fq.E006`` loads the
-handlers with the worker's own code (:func:`django_fq.checks.load_handlers`).
+``django_fq.E005`` builds each django-fq backend, ``django_fq.E006`` (a deploy
+check: ``check --deploy``) loads the handlers with the worker's own code
+(:func:`django_fq.checks.load_handlers`). A review then found that running E006
+with every check made ``migrate`` import worker code: a handler module that
+reads a table at import stopped ``migrate`` on a fresh database, and a handler
+module with a plain bug crashed every command with a traceback.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from django_fq import checks
+from django_fq import checks, handlers
 from django_fq.tasks import InvalidTask
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,6 +30,18 @@ BACKEND = "django_fq.tasks.FqBackend"
 BOGUS = {"default": {"BACKEND": BACKEND, "QUEUES": ["default"], "OPTIONS": {"bogus": 1, "queue_prefix": "tkchk."}}}
 #: ``t.ok`` has the handler ``tests.testapp.fq_handlers.record``.
 CLASH = {"default": {"BACKEND": BACKEND, "QUEUES": ["ok"], "OPTIONS": {"queue_prefix": "t."}}}
+
+
+@pytest.fixture(autouse=True)
+def _own_handler_registry(monkeypatch):
+    """Each test loads the handlers of its own ``TASKS`` into a copy of the process-wide registry.
+
+    The apps' ``fq_handlers`` modules register their handlers only when first
+    imported, so they are imported before the copy is made: the copy then
+    always holds them, whichever test ran first.
+    """
+    handlers.autodiscover()
+    monkeypatch.setattr(handlers, "_registry", dict(handlers.registered()))
 
 
 def _ids(messages) -> list[str]:
@@ -74,7 +90,7 @@ def test_backends_of_other_frameworks_are_left_to_them(settings):
 def test_a_tasks_queue_that_has_an_fq_handler_is_error_e006(settings):
     settings.TASKS = CLASH
 
-    found = checks.check_tasks(None)
+    found = checks.check_handlers(None)
 
     assert _ids(found) == ["django_fq.E006"]
     assert "'t.ok'" in found[0].msg and "tests.testapp.fq_handlers.record" in found[0].msg
@@ -83,7 +99,7 @@ def test_a_tasks_queue_that_has_an_fq_handler_is_error_e006(settings):
 
 def test_the_check_and_the_worker_refuse_a_clash_with_the_same_words(settings):
     settings.TASKS = CLASH
-    [found] = checks.check_tasks(None)
+    [found] = checks.check_handlers(None)
 
     with pytest.raises(CommandError) as refused:
         call_command("fq_worker", "--burst", "--no-progress", skip_checks=True)
@@ -100,9 +116,9 @@ def test_fq_worker_turns_an_invalid_backend_into_one_line(settings):
     assert str(refused.value).startswith("TASKS['default']: unknown OPTIONS key 'bogus'")
 
 
-def _manage(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.update(DJANGO_SETTINGS_MODULE="tests.tasks.bad_settings", PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
+def _manage(*args: str, settings: str = "tests.tasks.bad_settings", **env_vars: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **env_vars)
+    env.update(DJANGO_SETTINGS_MODULE=settings, PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
     return subprocess.run(
         [sys.executable, "-m", "django", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
@@ -124,6 +140,43 @@ def test_in_a_real_process_check_fails_and_fq_worker_says_one_line():
             ]
         else:
             assert "django_fq.E005" in worker.stderr
+
+
+# --- E006 is a deploy check: only check --deploy and fq_worker import the handler modules ----------------
+
+
+def test_e006_runs_with_check_deploy_only(settings):
+    from django.core.checks import run_checks
+
+    settings.TASKS = CLASH
+
+    assert "django_fq.E006" not in _ids(run_checks())
+    assert "django_fq.E006" in _ids(run_checks(include_deployment_checks=True))
+
+
+@pytest.mark.sqlite_only
+def test_migrate_creates_a_fresh_database_whose_handler_module_reads_a_table_at_import(tmp_path):
+    fresh = tmp_path / "fresh.sqlite3"
+
+    migrated = _manage("migrate", "--noinput", settings="tests.checkapps.settings_dbapp", FQ_CHECKAPP_DB=str(fresh))
+
+    assert migrated.returncode == 0, migrated.stderr[-1500:]
+    assert "Traceback" not in migrated.stderr
+    deploy = _manage("check", "--deploy", settings="tests.checkapps.settings_dbapp", FQ_CHECKAPP_DB=str(fresh))
+    assert "django_fq.E006" not in deploy.stderr  # once migrated, the module imports
+
+
+@pytest.mark.sqlite_only
+def test_a_handler_module_with_a_plain_bug_is_e006_under_deploy_and_never_a_traceback():
+    plain = _manage("check", settings="tests.checkapps.settings_typoapp")
+    deploy = _manage("check", "--deploy", settings="tests.checkapps.settings_typoapp")
+    worker = _manage("fq_worker", "--burst", "--no-progress", "--skip-checks", settings="tests.checkapps.settings_typoapp")
+
+    assert plain.returncode == 0 and "Traceback" not in plain.stderr, plain.stderr[-1500:]
+    assert deploy.returncode == 1 and "Traceback" not in deploy.stderr, deploy.stderr[-1500:]
+    assert "(django_fq.E006) cannot load the job handlers (fq_handlers modules, FQ_HANDLERS): NameError:" in deploy.stderr
+    assert worker.returncode == 1 and "Traceback" not in worker.stderr, worker.stderr[-1500:]
+    assert "NameError" in worker.stderr
 
 
 # --- an option out of range says its range once ---------------------------------------------------
