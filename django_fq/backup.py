@@ -59,6 +59,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import stat
 import struct
 import sys
@@ -988,9 +989,11 @@ def export_to_path(path: str, queues: Sequence[str] | None = None, *, progress=N
     same directory and renamed over it; on any error the temporary file is
     removed and the file is left as it was. A file that exists keeps its
     permission bits; a new file is created with mode 0600. Something that
-    exists and is not a regular file (a named pipe, ``/dev/stdout``, a
-    character device) is written into directly: no temporary file, no
-    rename, and an export that fails leaves what was written so far.
+    exists and is not a regular file (a named pipe, a character device) is
+    written into directly: no temporary file, no rename, and an export that
+    fails leaves what was written so far. So is an open descriptor
+    (``/dev/stdout``, ``/dev/fd/N``, ``/proc/self/fd/N``; see
+    :func:`names_a_descriptor`), appended to when it is a regular file.
 
     Raises :class:`InvalidArgument` (field ``output``) when ``path`` is a
     directory or cannot be written, and what :func:`export_jsonl` raises.
@@ -1005,9 +1008,10 @@ def export_to_path(path: str, queues: Sequence[str] | None = None, *, progress=N
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise InvalidArgument(f"cannot write {path}: it is a directory", field="output")
     target = os.path.realpath(path)
-    if st is not None and (not stat.S_ISREG(st.st_mode) or not _same_file(target, st)):
-        # A pipe or a device, or a link that does not name its file by path (/proc/self/fd/N): write into it.
-        return _export_into(path, queues, progress)
+    if st is not None and (names_a_descriptor(path) or not stat.S_ISREG(st.st_mode) or not _same_file(target, st)):
+        # A pipe or a device, an open descriptor (/dev/stdout), or a link that does not name its file
+        # by path: write into it (appending, for a regular file: `>>` and `{ ...; } > f` keep what they hold).
+        return _export_into(path, queues, progress, append=stat.S_ISREG(st.st_mode))
     try:
         fd, tmp = tempfile.mkstemp(prefix=".fq-export-", suffix=".jsonl", dir=os.path.dirname(target))
     except OSError as exc:
@@ -1035,10 +1039,24 @@ def _same_file(path: str, st: os.stat_result) -> bool:
         return False
 
 
-def _export_into(path: str, queues: Sequence[str] | None, progress) -> ExportSummary:
-    """:func:`export_jsonl` straight into the existing non-regular file ``path`` (a pipe, a device)."""
+#: Paths that name a descriptor the process already has open, rather than a file by its path.
+_DESCRIPTOR_PATH = re.compile(r"/dev/(stdout|stderr|fd/\d+)|/proc/(self|thread-self|\d+)/fd/\d+")
+
+
+def names_a_descriptor(path: str) -> bool:
+    """Whether ``path`` (a string) names an open descriptor (``/dev/stdout``, ``/dev/fd/N``, ``/proc/self/fd/N``).
+
+    Such a path resolves to whatever the descriptor is open on, which may be a
+    regular file (``fq export -o /dev/stdout >> backups.jsonl``); that file
+    must be written into, never replaced by a rename.
+    """
+    return _DESCRIPTOR_PATH.fullmatch(os.path.normpath(path)) is not None
+
+
+def _export_into(path: str, queues: Sequence[str] | None, progress, *, append: bool = False) -> ExportSummary:
+    """:func:`export_jsonl` straight into the existing ``path``: a pipe, a device, or (``append``) an open file."""
     try:
-        fh = open(path, "w", encoding="utf-8", newline="\n")  # noqa: SIM115 - closed below
+        fh = open(path, "a" if append else "w", encoding="utf-8", newline="\n")  # noqa: SIM115 - closed below
     except OSError as exc:
         raise InvalidArgument(f"cannot write {path}: {exc.strerror or exc}", field="output") from None
     try:

@@ -105,3 +105,21 @@ def test_a_file_keeps_its_mode_and_a_new_file_is_private(tmp_path):
 def test_a_directory_is_refused(tmp_path):
     code, _, err = run_fq("export", "-o", str(tmp_path))
     assert code == 1 and "is a directory" in err
+
+
+def test_an_open_descriptor_holding_a_file_is_appended_to_not_replaced(tmp_path):
+    """``fq export -o /dev/stdout >> backups.jsonl``: /dev/stdout resolves to the file itself (from a review)."""
+    out = tmp_path / "backups.jsonl"
+    out.write_text("earlier backup\n")
+    fd = os.open(out, os.O_WRONLY | os.O_APPEND)  # what `>> backups.jsonl` gives the process as its stdout
+    try:
+        code, _out, err = run_fq("export", "-o", f"/proc/self/fd/{fd}")
+        held, named = os.fstat(fd), os.stat(out)
+    finally:
+        os.close(fd)
+
+    assert code == 0, err
+    assert os.path.samestat(held, named), "the file behind the descriptor was replaced by a rename"
+    text = out.read_text()
+    assert text.startswith("earlier backup\n" + HEAD) and text.endswith("\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["backups.jsonl"]

@@ -31,3 +31,27 @@ def test_export_into_a_closed_pipe_exits_without_a_traceback(tmp_path):
     assert b'"format":"django-fq"' in first
     assert export.returncode == 1
     assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
+
+
+def test_export_to_dev_stdout_through_a_pipe_is_a_backup_and_nothing_else(tmp_path):
+    """``fq export -o /dev/stdout | gzip``: the summary line goes to stderr, not into the backup (from a review)."""
+    env = child_env(0, FQ_TEST_DB="sqlite", FQ_CHILD_DB_NAME=str(tmp_path / "db.sqlite3"))
+    setup = (
+        "import django; django.setup(); from django.core.management import call_command; "
+        "call_command('migrate', verbosity=0); from django_fq import services as fq; fq.enqueue('pipe', {'n': 1})"
+    )
+    subprocess.run([sys.executable, "-c", setup], cwd=ROOT, env=env, check=True, timeout=120)
+
+    def fq(*args):
+        return subprocess.run([sys.executable, "-m", "django", "fq", *args], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+
+    exported = fq("export", "-o", "/dev/stdout")  # stdout is a pipe here
+
+    assert exported.returncode == 0, exported.stderr
+    assert all(line.startswith("{") for line in exported.stdout.splitlines())
+    assert "exported 1 queue(s), 1 job(s)" in exported.stderr
+    backup = tmp_path / "backup.jsonl"
+    backup.write_text(exported.stdout)
+    restored = fq("import", "--dry-run", str(backup))
+    assert restored.returncode == 0, restored.stderr

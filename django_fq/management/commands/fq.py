@@ -601,7 +601,9 @@ class Command(BaseCommand):
             f"{res.tokens} token(s)"
         )
         summary = json.dumps(data) if self.as_json else text
-        (self.stdout if to_file else self.stderr).write(summary, style_func=lambda s: s)
+        # With -o the summary goes to stdout, unless -o was stdout itself (`-o /dev/stdout | gzip`).
+        to_stdout = to_file and not _is_stdout(self.stdout, o["output"])
+        (self.stdout if to_stdout else self.stderr).write(summary, style_func=lambda s: s)
 
     def do_import(self, o):
         lines, size = backup.open_source(o["source"], self.stdin)
@@ -645,6 +647,14 @@ def _integer(text: str) -> int:
         except ValueError:  # more digits than Python converts
             pass
     raise argparse.ArgumentTypeError(f"invalid int value: {text!r}")
+
+
+def _is_stdout(stdout, path: str) -> bool:
+    """Whether ``path`` is the file this command's ``stdout`` (an OutputWrapper) writes to (``-o /dev/stdout``)."""
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(stdout._out.fileno()))
+    except (AttributeError, OSError, ValueError):  # no such file, or stdout is not a file (call_command's StringIO)
+        return False
 
 
 _ARGUMENT = re.compile(r"argument ([^\s:/]+)|arguments are required: ([^\s,]+)")
