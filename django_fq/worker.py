@@ -1454,9 +1454,12 @@ class Supervisor:
     exits 0 (``--burst`` finished, ``--max-jobs`` reached) is not restarted;
     one that crashes (non-zero exit, killed) is restarted after a pause that
     grows while it keeps crashing (1 s doubling to 30 s). A child that exits
-    with :data:`EX_CONFIG` (78) could not start as configured, which a restart
-    cannot cure: the others are stopped as on SIGTERM, nothing is restarted,
-    and :meth:`run` returns 78 (``failed_index`` names that child). The first
+    with :data:`EX_CONFIG` (78) on its first start could not start as
+    configured, which a restart cannot cure: the others are stopped as on
+    SIGTERM, nothing is restarted, and :meth:`run` returns 78
+    (``failed_index`` names that child). A restarted child that exits 78
+    (its metrics port still held by a leftover process, say) had started
+    well before, so it is restarted like any crash. The first
     SIGTERM/SIGINT is forwarded to every child as SIGTERM (each then drains
     within its grace period) and no child is restarted any more; a second
     one is forwarded too (the children exit at once). Children run in their
@@ -1476,7 +1479,8 @@ class Supervisor:
         self._restart_at: dict[int, float] = {}
         self._pause: dict[int, float] = {}
         self._finished: dict[int, int] = {}
-        #: Index of the child that exited with EX_CONFIG, if one did.
+        self._starts: dict[int, int] = {}
+        #: Index of the child that exited with EX_CONFIG on its first start, if one did.
         self.failed_index: int | None = None
 
     def run(self) -> int:
@@ -1506,11 +1510,12 @@ class Supervisor:
                 if code is None:
                     continue
                 emit(logging.INFO if code == 0 else logging.ERROR, "supervisor.child_exit", index=index, pid=child.pid, code=code)
-                if code == EX_CONFIG and self.failed_index is None and not self._signals:
+                unstartable = code == EX_CONFIG and self._starts[index] == 1
+                if unstartable and self.failed_index is None and not self._signals:
                     self.failed_index = index
                     emit(logging.ERROR, "supervisor.start_failed", index=index, code=code, action="stopping_all")
                     self._stop_children()
-                if code == 0 or stopping or code == EX_CONFIG:
+                if code == 0 or stopping or unstartable:
                     self._finished[index] = code
                     continue
                 pause = self._pause.get(index, 0.0)
@@ -1531,6 +1536,7 @@ class Supervisor:
     def _start(self, index: int) -> None:
         child = subprocess.Popen(self.command(index), env={**self.env, "FQ_WORKER_INDEX": str(index)}, process_group=0)
         self.children[index] = child
+        self._starts[index] = self._starts.get(index, 0) + 1
         self._restart_at[index] = time.monotonic()
         emit(logging.INFO, "supervisor.child_start", index=index, pid=child.pid)
 

@@ -100,3 +100,19 @@ def test_supervisor_still_restarts_a_child_that_crashed(tmp_path):
     assert code == 0
     assert runs.read_text() == "xx"
     assert took >= Supervisor.RESTART_MIN_S
+
+
+def test_a_child_that_exits_78_after_a_restart_is_restarted_again(tmp_path):
+    """Exit 78 ends the command only on a child's first start; a restarted child had started well before (a review)."""
+    runs = tmp_path / "runs"
+    # Run 1 crashes (exit 1), run 2 cannot bind its port (78: still held by a leftover), run 3 ends its burst (0).
+    script = (
+        f"import sys; f = open({str(runs)!r}, 'a+'); f.seek(0); n = len(f.read()); f.write('x'); "
+        f"sys.exit([1, {EX_CONFIG}, 0][min(n, 2)])"
+    )
+
+    code, took = _supervise(lambda index: _python(script), 1)
+
+    assert code == 0
+    assert runs.read_text() == "xxx"
+    assert took >= Supervisor.RESTART_MIN_S * 3  # two restart pauses: 1 s, then 2 s
