@@ -387,13 +387,16 @@ class WorkerStats:
 
     ``ok`` acked, ``failed`` nacked, ``settle_errors`` settles refused (the
     lease was gone or the job cancelled when the handler finished) or
-    skipped because the lease was known to be lost, ``released`` jobs given
-    back at shutdown, ``claimed`` jobs claimed.
+    skipped because the lease was known to be lost, ``timed_out`` those of
+    ``settle_errors`` whose lease ended at the job's own ``timeout_ms`` (the
+    attempt is recorded as failed by the reaper step), ``released`` jobs
+    given back at shutdown, ``claimed`` jobs claimed.
     """
 
     ok: int = 0
     failed: int = 0
     settle_errors: int = 0
+    timed_out: int = 0
     released: int = 0
     claimed: int = 0
 
@@ -690,6 +693,7 @@ class Worker:
                 ok=self.stats.ok,
                 failed=self.stats.failed,
                 not_settled=self.stats.settle_errors,
+                timed_out=self.stats.timed_out,
                 released=self.stats.released,
             )
         return self.stats
@@ -1022,7 +1026,7 @@ class Worker:
         for _seq, running, outcome in entries:
             reason = running.state.lost_reason()
             if reason is not None:  # the lease went away after the handler returned
-                self._count("settle_errors")
+                self._count_lost(reason)
                 emit(logging.WARNING, "job.not_settled", **running.where(), ms=outcome.elapsed_ms, reason=f"lease_lost:{reason}")
             else:
                 pending.append((running, outcome))
@@ -1099,7 +1103,7 @@ class Worker:
         claimed = running.claimed
         reason = running.state.lost_reason() or (outcome.summary if outcome.kind == "lost" else None)
         if reason is not None:
-            self._count("settle_errors")
+            self._count_lost(reason)
             emit(logging.WARNING, "job.not_settled", **where, ms=outcome.elapsed_ms, reason=f"lease_lost:{reason}")
             return None
         try:
@@ -1201,6 +1205,13 @@ class Worker:
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
             setattr(self.stats, name, getattr(self.stats, name) + n)
+
+    def _count_lost(self, reason: str) -> None:
+        """Count a job whose lease was gone when its handler ended (``reason`` as :meth:`_lost` got it)."""
+        with self._lock:
+            self.stats.settle_errors += 1
+            if reason == "timeout":
+                self.stats.timed_out += 1
 
     # --- heartbeat ------------------------------------------------------------------------------
 

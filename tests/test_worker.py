@@ -105,6 +105,20 @@ def test_raising_handler_nacks_with_error_and_traceback():
     assert "0 jobs ok, 1 failed" in proc.stdout
 
 
+def test_a_burst_summary_counts_timed_out_jobs_apart():
+    """A new user saw "0 jobs ok, 0 failed, 2 not settled" for jobs that had run past their timeout."""
+    fq.configure("t.slow", backoff_ms=0, max_attempts=2)
+    job_id = fq.enqueue("t.slow", {"sleep_ms": 1500}, timeout_ms=300).id
+
+    proc = ok(run_worker("--burst", "--queue", "t.slow", *FAST))
+
+    job = fq.get("t.slow", job_id)
+    assert (job.state, job.attempts) == ("dead", 2)
+    assert [e["kind"] for e in job.errors] == ["timeout", "timeout"]
+    assert "fq_worker: 0 jobs ok, 0 failed, 2 timed out\n" in proc.stdout
+    assert "not settled" not in proc.stdout
+
+
 def test_max_attempts_reached_makes_the_job_dead():
     fq.configure("t.fail", backoff_ms=0, max_attempts=3)
     job_id = fq.enqueue("t.fail", {}).id

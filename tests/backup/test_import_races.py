@@ -38,10 +38,12 @@ def exported_queue(n: int = 5, **first) -> str:
     return text
 
 
-def hold_open(work, *, seconds: float = 1.5):
-    """Run ``work()`` in another thread's transaction and keep it uncommitted ``seconds`` after it returned.
+def while_uncommitted(work, then, *, seconds: float = 1.5):
+    """Run ``work()`` in another thread's transaction, then ``then()`` here while that transaction is still open.
 
-    Returns ``(thread, done_event, failures)``; wait for ``done_event`` before racing against it.
+    The other transaction commits ``seconds`` after ``work()`` returned, so
+    ``then()`` meets its rows uncommitted. Returns what ``then()`` returned;
+    fails the test if ``work()`` raised.
     """
     done, failures = threading.Event(), []
 
@@ -51,7 +53,7 @@ def hold_open(work, *, seconds: float = 1.5):
                 work()
                 done.set()
                 time.sleep(seconds)
-        except Exception as exc:  # pragma: no cover - reported by the caller
+        except Exception as exc:  # pragma: no cover - reported below
             failures.append(exc)
             done.set()
         finally:
@@ -59,7 +61,13 @@ def hold_open(work, *, seconds: float = 1.5):
 
     t = threading.Thread(target=run)
     t.start()
-    return t, done, failures
+    try:
+        assert done.wait(30)
+        result = then()
+    finally:
+        t.join(30)
+    assert not failures, failures
+    return result
 
 
 # --- real concurrent transactions (PostgreSQL) ---------------------------------------------------------
@@ -73,13 +81,7 @@ def test_a_second_import_at_the_same_time_skips_what_the_first_committed(tmp_pat
     text = exported_queue(unique_key="k0", idempotency="t0")
     path = tmp_path / "backup.jsonl"
     path.write_text(text)
-    t, inserted, failures = hold_open(lambda: restore(text))
-    try:
-        assert inserted.wait(30)
-        code, out, err = run_fq("import", str(path))
-    finally:
-        t.join(30)
-    assert not failures, failures
+    code, out, err = while_uncommitted(lambda: restore(text), lambda: run_fq("import", str(path)))
     assert (code, err) == (0, ""), err
     assert "jobs: 0 created, 5 skipped; tokens: 0 created, 1 skipped" in out
     assert fq.stats(Q).counts["ready"] == 5
@@ -96,13 +98,7 @@ def test_a_second_import_from_stdin_reads_the_pipe_once(tmp_path):
         def seekable(self):
             return False
 
-    t, inserted, failures = hold_open(lambda: restore(text))
-    try:
-        assert inserted.wait(30)
-        code, out, err = run_fq("import", "-", stdin=Pipe(text.encode()))
-    finally:
-        t.join(30)
-    assert not failures, failures
+    code, out, err = while_uncommitted(lambda: restore(text), lambda: run_fq("import", "-", stdin=Pipe(text.encode())))
     assert (code, err) == (0, ""), err
     assert "jobs: 0 created, 700 skipped" in out
     assert fq.stats(Q).counts["ready"] == 700
@@ -116,13 +112,9 @@ def test_a_producer_taking_the_unique_key_meanwhile_is_a_named_conflict(tmp_path
     path = tmp_path / "backup.jsonl"
     path.write_text(text)
     holder = {}
-    t, enqueued, failures = hold_open(lambda: holder.update(id=fq.enqueue(Q, {"mine": 1}, unique_key="k0").id))
-    try:
-        assert enqueued.wait(30)
-        code, out, err = run_fq("import", str(path))
-    finally:
-        t.join(30)
-    assert not failures, failures
+    code, out, err = while_uncommitted(
+        lambda: holder.update(id=fq.enqueue(Q, {"mine": 1}, unique_key="k0").id), lambda: run_fq("import", str(path))
+    )
     assert code == 1 and out == "", out
     assert err.startswith('fq import: error: line 3: field "unique_key": ') and holder["id"] in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -135,13 +127,7 @@ def test_a_producer_taking_the_unique_key_meanwhile_is_a_named_conflict(tmp_path
 def test_a_producer_taking_the_token_meanwhile_keeps_it(tmp_path):
     text = exported_queue(n=2, idempotency="t0")
     holder = {}
-    t, enqueued, failures = hold_open(lambda: holder.update(id=fq.enqueue(Q, {"mine": 1}, idempotency="t0").id))
-    try:
-        assert enqueued.wait(30)
-        summary = restore(text)
-    finally:
-        t.join(30)
-    assert not failures, failures
+    summary = while_uncommitted(lambda: holder.update(id=fq.enqueue(Q, {"mine": 1}, idempotency="t0").id), lambda: restore(text))
     assert (summary.jobs_created, summary.tokens_created, summary.tokens_skipped) == (2, 0, 1)
     assert IdempotencyToken.objects.get(token="t0").job_uid == holder["id"]
     assert fq.enqueue(Q, {}, idempotency="t0").id == holder["id"]

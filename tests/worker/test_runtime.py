@@ -108,6 +108,7 @@ def test_job_past_its_timeout_is_failed_and_its_handler_told(workers, events, ti
     wait_until(lambda: fq.get(Q, other).state == "succeeded", what="the next job")
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0
+    worker.wait_for(r"worker\.stop .* ok=1 failed=0 not_settled=1 timed_out=1 ")  # its counts tell a timeout apart
 
 
 # --- wakeup and polling ------------------------------------------------------------------------------

@@ -218,8 +218,10 @@ class Command(BaseCommand):
                 server.server_close()
         if options["burst"] or options["max_jobs"] is not None:
             line = f"fq_worker: {stats.ok} jobs ok, {stats.failed} failed"
-            if stats.settle_errors:
-                line += f", {stats.settle_errors} not settled"
+            if stats.timed_out:
+                line += f", {stats.timed_out} timed out"
+            if stats.settle_errors > stats.timed_out:
+                line += f", {stats.settle_errors - stats.timed_out} not settled"
             if stats.released:
                 line += f", {stats.released} released"
             self.stdout.write(line)
