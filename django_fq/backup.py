@@ -763,6 +763,16 @@ class _Importer:
         by_queue = defaultdict(list)
         for p in batch:
             by_queue[p.queue.id].append(p)
+        # A token names a job of its own queue (or a job pruned since): one naming another queue's job
+        # would make a later enqueue there return an id that get() in this queue cannot find.
+        owners = dict(manager(Job).filter(uid__in={p.token.job_uid for p in batch}).values_list("uid", "queue_id"))
+        for p in batch:
+            owner = owners.get(p.token.job_uid, p.queue.id)
+            if owner != p.queue.id:
+                other = manager(Queue).filter(id=owner).values_list("name", flat=True).first()
+                raise InvalidBackup(
+                    f"job {p.token.job_uid} belongs to queue {other}, not {p.queue.name}", line=p.line, field="job_id"
+                )
         new = []
         for queue_id, items in by_queue.items():
             have = set(

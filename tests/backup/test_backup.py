@@ -426,6 +426,24 @@ def test_unique_key_held_by_another_active_job_is_a_conflict():
     assert dump() == before
 
 
+def test_a_token_naming_a_job_of_another_queue_is_rejected():
+    """A token's job belongs to the token's queue (or was pruned): else an enqueue would return an id get() cannot find."""
+    populate()
+    text = export_text([MAIN])
+    n, token = next((k, obj) for k, obj in enumerate(lines_of(text), 1) if obj.get("type") == "token")
+    fq.delete_queue(MAIN)
+    other = fq.enqueue(OTHER, {"mine": True}).id
+    bad = replace_line(text, n, {**token, "job_id": other})
+    before = dump()
+    with pytest.raises(InvalidBackup) as err:
+        restore(bad)
+    assert (err.value.line, err.value.field) == (n, "job_id")
+    assert f"job {other} belongs to queue {OTHER}, not {MAIN}" in err.value.message
+    assert dump() == before
+    restore(replace_line(text, n, {**token, "job_id": "f" * 32}))  # a job pruned since: the token still counts
+    assert fq.enqueue(MAIN, {}, idempotency=token["token"]).id == "f" * 32
+
+
 def test_job_id_existing_in_another_queue_is_rejected():
     ids = populate()
     text = export_text([OTHER])
