@@ -332,7 +332,7 @@ _SPOOL_IN_MEMORY = 8 * 1024 * 1024  # bytes of an unseekable input kept in memor
 
 
 class ImportConflict(FqError):
-    """The import kept meeting rows written concurrently; nothing was imported."""
+    """The import kept meeting concurrent writes (rows it meant to insert, a lock); nothing was imported."""
 
     code = "import_conflict"
     status = 409
@@ -386,7 +386,7 @@ def import_jsonl(lines: Iterable[str | bytes], *, dry_run: bool = False, progres
                 if attempt == IMPORT_TRIES - 1:
                     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                     raise ImportConflict(
-                        f"rows written concurrently got in the way {IMPORT_TRIES} times (last: {first}); "
+                        f"concurrent writes got in the way {IMPORT_TRIES} times (last: {first}); "
                         "nothing was imported: run it again once the other import or producer is done"
                     ) from None
                 time.sleep(0.01 * (2**attempt) * (0.5 + random.random()))

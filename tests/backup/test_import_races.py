@@ -185,7 +185,7 @@ def test_a_conflict_that_does_not_go_away_is_one_clear_error(monkeypatch, tmp_pa
     code, out, err = run_fq("import", str(path))
     assert code == 1 and out == ""
     assert err.startswith("fq import: error: ") and "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert "concurrently" in err and "nothing was imported" in err
+    assert "concurrent writes got in the way" in err and "nothing was imported" in err
     assert len(calls) == backup.IMPORT_TRIES
     assert Job.objects.count() == 0
     code, _, err = run_fq("import", str(path), "--json")
