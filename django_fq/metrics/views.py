@@ -18,9 +18,10 @@ Who may read it (checked in this order):
 
 Anyone else gets 403. Answers: 200 with the text exposition format
 (OpenMetrics when the scraper asks for it), 405 for a method other than
-GET/HEAD, 503 with a one-line reason when ``prometheus-client`` is not
-installed, the database cannot be read, or ``FQ_DATABASE`` names no alias of
-``DATABASES``.
+GET/HEAD (the view is CSRF-exempt: it changes nothing, so a POST gets
+this 405 rather than ``CsrfViewMiddleware``'s 403 page), 503 with a
+one-line reason when ``prometheus-client`` is not installed, the database
+cannot be read, or ``FQ_DATABASE`` names no alias of ``DATABASES``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 from django.utils.connection import ConnectionDoesNotExist
 from django.views.decorators.cache import never_cache
+from django.views.decorators.csrf import csrf_exempt
 
 from .. import health
 
@@ -78,6 +80,7 @@ def registry():
     return _registry
 
 
+@csrf_exempt  # it only reads; exempt so a POST gets this view's 405, not the CSRF 403 page
 @never_cache
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """The ``fq_queue_*`` metrics of every queue, read from the database now, in Prometheus text format."""

@@ -158,6 +158,19 @@ def test_only_get_and_head():
     assert response.status_code == 405 and response["Allow"] == "GET, HEAD"
 
 
+@pytest.mark.parametrize("method", ["post", "put", "delete"])
+def test_with_csrf_middleware_a_post_still_gets_405_not_the_csrf_page(settings, method):
+    settings.MIDDLEWARE = [
+        "django.contrib.sessions.middleware.SessionMiddleware",
+        "django.middleware.csrf.CsrfViewMiddleware",
+        "django.contrib.auth.middleware.AuthenticationMiddleware",
+    ]
+    client = Client(enforce_csrf_checks=True)
+    response = getattr(client, method)("/metrics/", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert response.status_code == 405 and response["Allow"] == "GET, HEAD"
+    assert response.content == b"use GET\n"
+
+
 # --- errors ----------------------------------------------------------------------------------------------
 
 
