@@ -397,6 +397,20 @@ def import_jsonl(lines: Iterable[str | bytes], *, dry_run: bool = False, progres
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _history_entry(line: _Line, entry: dict) -> dict:
+    """An imported error-history entry as the engine writes one (:func:`history_entry`): its keys only, bounded."""
+    at, attempt, kind, worker = (entry.get(k) for k in ("at", "attempt", "kind", "worker"))
+    if not (at is None or (isinstance(at, int) and not isinstance(at, bool) and 0 <= at <= _SAFE)):
+        raise line.error('each "at" must be an instant in epoch milliseconds', "errors")
+    if not (attempt is None or (isinstance(attempt, int) and not isinstance(attempt, bool) and 0 <= attempt <= _SAFE)):
+        raise line.error('each "attempt" must be a whole number', "errors")
+    for key, value in (("kind", kind), ("worker", worker)):
+        if not (value is None or (isinstance(value, str) and len(value) <= 200)):
+            raise line.error(f'each "{key}" must be text of at most 200 characters', "errors")
+    return history_entry(at if at is not None else 0, attempt if attempt is not None else 0, kind or "",
+                         validation.error_text(entry.get("error", "")), worker or "")  # fmt: skip
+
+
 def _concurrent(exc: DatabaseError) -> bool:
     """Whether ``exc`` comes from another transaction (a unique row it committed, a deadlock), not from the file."""
     if isinstance(exc, IntegrityError):
@@ -530,6 +544,7 @@ class _Importer:
         self.key_lines: dict[tuple[str, str], int] = {}
         self.jobs: list[_PendingJob] = []
         self.tokens: list[_PendingToken] = []
+        self.token_queues: dict[str, dict[str, int]] = {}  # job id -> {queue name: first token line naming it}
         self.counts = defaultdict(int)
 
     # -- reading lines --------------------------------------------------------------------------
@@ -657,9 +672,8 @@ class _Importer:
             raise line.error('must be a list of objects, each "error" a string', "errors")
         line.json("errors", limit=_BIG)  # no NUL or lone surrogate: PostgreSQL could not store them
         # The engine's caps (SPEC §9): the newest 100 entries, each error text cut to 64 KiB as a nack cuts it.
-        errors = [
-            {**e, "error": validation.error_text(e["error"])} if "error" in e else e for e in errors[-_HISTORY_KEEP:]
-        ]
+        # Each entry is rebuilt from the engine's own keys, so no other key (of any size) is stored.
+        errors = [_history_entry(line, e) for e in errors[-_HISTORY_KEEP:]]
         enqueued_at = line.integer("enqueued_at", 0, _SAFE)
         max_attempts = line.integer("max_attempts", *POLICY_BOUNDS["max_attempts"])
         attempts = line.integer("attempts", 0, max_attempts, hint="a job never passes its max_attempts")
@@ -711,6 +725,7 @@ class _Importer:
         if expires_at < created_at:
             raise line.error("must not be before created_at", "expires_at")
         self.token_lines[q.name, token] = line.n
+        self.token_queues.setdefault(job_uid, {}).setdefault(q.name, line.n)
         row = _Row(queue_id=q.id, token=token, job_uid=job_uid, created_at=created_at, expires_at=expires_at)
         self.tokens.append(_PendingToken(line.n, q, row))
 
@@ -731,6 +746,15 @@ class _Importer:
             else:
                 other = manager(Queue).filter(id=where).values_list("name", flat=True).first()
                 raise InvalidBackup(f"job {p.job.uid} already exists in queue {other}", line=p.line, field="id")
+        # A token line read earlier in this file for another queue, naming this id, would answer that
+        # queue's enqueues with a job its get() cannot find (tokens read later are checked by _flush_tokens).
+        for p in new:
+            named = self.token_queues.get(p.job.uid, {})
+            others = {q for q, n in named.items() if q != p.queue.name and n < p.line}
+            if others:
+                raise InvalidBackup(
+                    f"job {p.job.uid} is named by an idempotency token of queue {min(others)}", line=p.line, field="id"
+                )
         keyed = defaultdict(list)
         for p in new:
             if p.job.unique_key is not None and p.job.state == "queued":
@@ -757,6 +781,7 @@ class _Importer:
         self.counts["jobs_created"] += len(new)
 
     def _flush_tokens(self) -> None:
+        self._flush_jobs()  # the jobs read so far are in the database: the token check below sees them
         batch, self.tokens = self.tokens, []
         if not batch:
             return

@@ -97,3 +97,14 @@ def pretty_json(value, *, limit: int = MAX_SHOWN_CHARS) -> str:
 def json_block(value):
     """``value`` pretty-printed inside an escaped ``<pre>`` block."""
     return format_html('<pre class="fq-json">{}</pre>', pretty_json(value))
+
+
+#: Columns holding digests of receipts or of settle arguments. The admin never shows them, and a URL may
+#: not filter on them either: a changelist that answers `?receipt_hash__startswith=…` differently for a
+#: right and a wrong prefix would read a digest out one character at a time.
+DIGEST_FIELDS = frozenset({"receipt_hash", "settled_hash", "settled_args", "settled_outcome"})
+
+
+def names_a_digest(lookup: str) -> bool:
+    """Whether an admin URL lookup (``job__settled_hash__startswith``) touches a digest column."""
+    return any(part in DIGEST_FIELDS for part in lookup.split("__"))

@@ -97,6 +97,10 @@ class JobAdmin(admin.ModelAdmin):
 
     # --- queryset, search -------------------------------------------------------------
 
+    def lookup_allowed(self, lookup, value, request=None):
+        """No URL filter on a digest column (see :data:`display.DIGEST_FIELDS`); Django answers 400."""
+        return not display.names_a_digest(lookup) and super().lookup_allowed(lookup, value, request)
+
     def get_queryset(self, request):
         return (
             super()

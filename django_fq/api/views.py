@@ -402,7 +402,7 @@ class JobsView(FqAPIView):
         payload = env.pop("payload")
         result = services.enqueue(queue, payload, **env)
         code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
-        return Response(_enqueued(result), status=code, headers={"Location": f"{request.path}{result.id}/"})
+        return Response(_enqueued(result), status=code, headers={"Location": f"{request.path.rstrip('/')}/{result.id}/"})
 
 
 class BulkEnqueueView(FqAPIView):
