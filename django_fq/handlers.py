@@ -41,8 +41,8 @@ def handler(queue: str) -> Callable[[Callable], Callable]:
             hint = ""
             if "django_fq.tasks.runner.run_task" in (_qualname(current), _qualname(fn)):
                 hint = (
-                    "; a Django Tasks queue belongs to the tasks runner: give the TASKS backend "
-                    "OPTIONS['queue_prefix'] (e.g. 'tasks:') or rename the queue"
+                    "; a Django Tasks queue belongs to the tasks runner: move the @handler to another "
+                    "queue, or give the TASKS backend a different OPTIONS['queue_prefix'] (e.g. 'tasks:')"
                 )
             raise ValueError(
                 f"queue {queue!r} already has handler {_qualname(current)}; cannot also register "

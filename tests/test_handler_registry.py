@@ -34,6 +34,10 @@ def test_a_second_handler_for_a_queue_is_refused_naming_both(clean_registry):
 
 def test_a_queue_taken_by_the_tasks_runner_suggests_a_queue_prefix(clean_registry):
     handlers.handler("emails")(run_task)
-    with pytest.raises(ValueError, match=r"queue_prefix"):
+    with pytest.raises(ValueError, match=r"queue_prefix") as err:
         handlers.handler("emails")(second)
+    text = str(err.value)
+    # fits a backend that already has a prefix too: it does not only say "give it a prefix"
+    assert "move the @handler to another queue" in text and "a different OPTIONS['queue_prefix']" in text
+    assert "rename the queue" not in text
     assert handlers.get("emails") is run_task

@@ -143,7 +143,7 @@ def register_backend(backend, *, strict: bool = True) -> None:
                 raise tasks.InvalidTaskBackend(
                     f"TASKS[{backend.alias!r}]: queue {fq_queue!r} already has the handler "
                     f"{current.__module__}.{current.__qualname__}; a Tasks queue needs its own fq queue "
-                    f"(set OPTIONS['queue_prefix'] or rename the queue)"
+                    f"(move the @handler to another queue, or give this backend a different OPTIONS['queue_prefix'])"
                 )
             continue
         handlers.handler(fq_queue)(run_task)
