@@ -399,16 +399,19 @@ def import_jsonl(lines: Iterable[str | bytes], *, dry_run: bool = False, progres
 
 def _history_entry(line: _Line, entry: dict) -> dict:
     """An imported error-history entry as the engine writes one (:func:`history_entry`): its keys only, bounded."""
-    at, attempt, kind, worker = (entry.get(k) for k in ("at", "attempt", "kind", "worker"))
-    if not (at is None or (isinstance(at, int) and not isinstance(at, bool) and 0 <= at <= _SAFE)):
-        raise line.error('each "at" must be an instant in epoch milliseconds', "errors")
-    if not (attempt is None or (isinstance(attempt, int) and not isinstance(attempt, bool) and 0 <= attempt <= _SAFE)):
-        raise line.error('each "attempt" must be a whole number', "errors")
-    for key, value in (("kind", kind), ("worker", worker)):
-        if not (value is None or (isinstance(value, str) and len(value) <= 200)):
+    numbers, texts = {}, {}
+    for key, what in (("at", "an instant in epoch milliseconds"), ("attempt", "a whole number")):
+        value = 0 if entry.get(key) is None else entry[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _SAFE:
+            raise line.error(f'each "{key}" must be {what}', "errors")
+        numbers[key] = value
+    for key in ("kind", "worker"):
+        value = "" if entry.get(key) is None else entry[key]
+        if not isinstance(value, str) or len(value) > 200:
             raise line.error(f'each "{key}" must be text of at most 200 characters', "errors")
-    return history_entry(at if at is not None else 0, attempt if attempt is not None else 0, kind or "",
-                         validation.error_text(entry.get("error", "")), worker or "")  # fmt: skip
+        texts[key] = value
+    error = validation.error_text(entry.get("error", ""))
+    return history_entry(numbers["at"], numbers["attempt"], texts["kind"], error, texts["worker"])
 
 
 def _concurrent(exc: DatabaseError) -> bool:

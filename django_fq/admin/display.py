@@ -12,6 +12,7 @@ import datetime as dt
 import json
 from typing import overload
 
+from django.contrib import admin
 from django.utils.html import format_html
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -108,3 +109,10 @@ DIGEST_FIELDS = frozenset({"receipt_hash", "settled_hash", "settled_args", "sett
 def names_a_digest(lookup: str) -> bool:
     """Whether an admin URL lookup (``job__settled_hash__startswith``) touches a digest column."""
     return any(part in DIGEST_FIELDS for part in lookup.split("__"))
+
+
+class DigestSafeAdmin(admin.ModelAdmin):
+    """The base of django-fq's model admins: no URL filter on a digest column (Django answers 400)."""
+
+    def lookup_allowed(self, lookup, value, request=None):
+        return not names_a_digest(lookup) and super().lookup_allowed(lookup, value, request)

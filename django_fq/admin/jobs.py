@@ -70,7 +70,7 @@ class StateFilter(admin.SimpleListFilter):
         return queryset
 
 
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(display.DigestSafeAdmin):
     """Jobs: list filtered by queue and state, exact search, read-only detail, repair actions."""
 
     class Media:
@@ -96,10 +96,6 @@ class JobAdmin(admin.ModelAdmin):
     readonly_fields = tuple(str(f) for _, opts in fieldsets for f in opts["fields"])
 
     # --- queryset, search -------------------------------------------------------------
-
-    def lookup_allowed(self, lookup, value, request=None):
-        """No URL filter on a digest column (see :data:`display.DIGEST_FIELDS`); Django answers 400."""
-        return not display.names_a_digest(lookup) and super().lookup_allowed(lookup, value, request)
 
     def get_queryset(self, request):
         return (
