@@ -141,3 +141,49 @@ def test_app_page_and_queue_list_link_to_the_dashboard(root_client, queue):
     url = _dashboard_url()
     assert f'href="{url}"' in text(root_client.get(reverse("admin:app_list", args=["django_fq"])))
     assert f'href="{url}"' in text(root_client.get(changelist("queue")))
+
+
+def test_dashboard_counts_failures_in_sql_without_reading_error_texts(root_client, queue, clock):
+    """The failure count never brings an error history into Python (docs/admin.md, "The dashboard")."""
+    from django.db import connections
+
+    from django_fq import conf
+    from django_fq.admin import dashboard
+
+    fq.configure(queue, max_attempts=5, backoff_ms=1000)
+    big = "x" * 65_536
+    for _ in range(3):
+        fq.enqueue(queue, {"n": 1})
+    for job in fq.claim(queue, count=3):
+        fq.nack(queue, job.receipt, error=big, delay_ms=0)
+    # Entries a hand-edited or imported history may hold: none of them counts, none breaks the query.
+    odd = make("adm:b", "ready")
+    now = Job.objects.get(uid=odd).changed_at
+    Job.objects.filter(uid=odd).update(
+        errors=[
+            "not an object",
+            {"kind": "nack", "at": now + 0.5},
+            {"kind": "nack", "at": str(now)},
+            {"kind": "nack"},
+            {"kind": "release", "at": now},
+            {"kind": "timeout", "at": now, "error": big},
+        ]
+    )
+    returned: list[str] = []
+
+    def record(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        description = context["cursor"].description or ()
+        returned.extend(col[0] for col in description)
+        return result
+
+    conn = connections[conf.database()]
+    queue_b = Job.objects.values_list("queue_id", flat=True).get(uid=odd)
+    with conn.execute_wrapper(record):
+        response = root_client.get(_dashboard_url())
+        only_b = dashboard.activity(queue_b)
+    assert response.status_code == 200
+    assert "errors" not in returned and "last_error" not in returned, returned
+    chart = response.context["chart"]
+    assert chart["total_failed"] == 4 and not chart["partial"]  # three nacks and the timeout
+    assert sum(only_b.failures) == 1
