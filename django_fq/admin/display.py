@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import overload
+from collections.abc import Mapping
+from typing import ClassVar, overload
 
 from django.contrib import admin
+from django.contrib.admin.exceptions import DisallowedModelAdminLookup
+from django.db.models import Q
 from django.utils.html import format_html
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -111,8 +114,59 @@ def names_a_digest(lookup: str) -> bool:
     return any(part in DIGEST_FIELDS for part in lookup.split("__"))
 
 
-class DigestSafeAdmin(admin.ModelAdmin):
-    """The base of django-fq's model admins: no URL filter on a digest column (Django answers 400)."""
+def has_nul(value: object) -> bool:
+    """Whether ``value`` (a URL parameter: a string or a list of them) holds a NUL character.
+
+    PostgreSQL cannot store or compare text with NUL (it raises ``DataError``), and no
+    stored id, name or token holds one, so such a value can never match.
+    """
+    if isinstance(value, (list, tuple)):
+        return any(has_nul(v) for v in value)
+    return isinstance(value, str) and "\x00" in value
+
+
+class FqModelAdmin(admin.ModelAdmin):
+    """The base of django-fq's model admins: which filters a URL may ask for, and a NUL-safe search.
+
+    * ``url_lookups`` maps a field path to the lookups a changelist URL may use on it
+      (``{"queue__id": {"exact", "in"}}`` allows ``?queue__id__exact=3`` and
+      ``?queue__id=3``). Anything else — ``?payload__regex=…``, ``?payload__contains=…``,
+      a digest column — is refused with Django's 400 (``DisallowedModelAdminLookup``):
+      a view-only user must not run arbitrary scans over every payload.
+    * A filter value with a NUL character is refused the same way (400) instead of
+      reaching the database, where PostgreSQL would answer with a 500.
+    * ``exact_search`` names the fields the search box matches exactly (OR-ed);
+      empty means Django's own search over ``search_fields``. A search term with a
+      NUL character finds nothing.
+    """
+
+    url_lookups: ClassVar[Mapping[str, frozenset[str]]] = {}
+    exact_search: ClassVar[tuple[str, ...]] = ()
 
     def lookup_allowed(self, lookup, value, request=None):
-        return not names_a_digest(lookup) and super().lookup_allowed(lookup, value, request)
+        if names_a_digest(lookup):
+            return False
+        if has_nul(value):
+            raise DisallowedModelAdminLookup(f"Filtering by {lookup} not allowed: the value holds a NUL character")
+        if lookup in self.url_lookups:
+            return "exact" in self.url_lookups[lookup]
+        field, _, op = lookup.rpartition("__")
+        return bool(field) and op in self.url_lookups.get(field, ())
+
+    def get_search_results(self, request, queryset, search_term):
+        if has_nul(search_term):
+            return queryset.none(), False
+        if not self.exact_search:
+            return super().get_search_results(request, queryset, search_term)
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        match = Q()
+        for name in self.exact_search:
+            match |= Q(**{name: term})
+        return queryset.filter(match), False
+
+
+#: ``url_lookups`` entries: exact and a list of values.
+EXACT_OR_IN = frozenset({"exact", "in"})
+EXACT = frozenset({"exact"})

@@ -16,7 +16,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, F, Value, When
 from django.db.models.functions import Left
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import path, reverse
@@ -70,7 +70,7 @@ class StateFilter(admin.SimpleListFilter):
         return queryset
 
 
-class JobAdmin(display.DigestSafeAdmin):
+class JobAdmin(display.FqModelAdmin):
     """Jobs: list filtered by queue and state, exact search, read-only detail, repair actions."""
 
     class Media:
@@ -80,7 +80,20 @@ class JobAdmin(display.DigestSafeAdmin):
     list_filter = ("queue", StateFilter)
     list_select_related = ("queue",)
     search_fields = ("uid", "idempotency", "unique_key")
+    exact_search = ("uid", "idempotency", "unique_key")
     search_help_text = "Exact job id, idempotency token or unique key."
+    # What a job-list URL may filter on: the list's own filters (queue, reported state) and exact ids.
+    # Never payloads, results or errors (no contains/regex scans over every job), nor digests.
+    url_lookups = {
+        "queue": display.EXACT_OR_IN,
+        "queue__id": display.EXACT_OR_IN,
+        "queue__name": display.EXACT_OR_IN,
+        "state": display.EXACT,
+        "uid": display.EXACT_OR_IN,
+        "worker": display.EXACT,
+        "unique_key": display.EXACT,
+        "idempotency": display.EXACT,
+    }
     ordering = ("-seq",)
     list_per_page = 50
     show_full_result_count = False
@@ -108,13 +121,6 @@ class JobAdmin(display.DigestSafeAdmin):
 
     def get_changelist(self, request, **kwargs):
         return JobChangeList
-
-    def get_search_results(self, request, queryset, search_term):
-        """Exact match on the job id, the idempotency token or the unique key (case-sensitive)."""
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        return queryset.filter(Q(uid=term) | Q(idempotency=term) | Q(unique_key=term)), False
 
     # --- permissions: read-only rows; "change" means the right to repair -----------------
 

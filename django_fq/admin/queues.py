@@ -123,7 +123,7 @@ def _count_column(state: str):
     return column
 
 
-class QueueAdmin(admin.ModelAdmin):
+class QueueAdmin(display.FqModelAdmin):
     """Queues with their counts per state, totals, average wait and run time, and policy."""
 
     class Media:
@@ -140,6 +140,7 @@ class QueueAdmin(admin.ModelAdmin):
         "avg_run",
     )
     search_fields = ("name",)
+    url_lookups = {"id": display.EXACT_OR_IN, "name": display.EXACT_OR_IN}
     ordering = ("name",)
     list_per_page = 100
     show_full_result_count = False

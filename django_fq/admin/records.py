@@ -7,7 +7,7 @@ them here. A lease's ``receipt_hash`` is never a field of these pages.
 from __future__ import annotations
 
 from django.contrib import admin
-from django.db.models import Case, OuterRef, Q, Subquery, Value, When
+from django.db.models import Case, OuterRef, Subquery, Value, When
 from django.urls import reverse
 from django.utils.html import format_html
 
@@ -16,7 +16,7 @@ from ..models import Job
 from . import display
 
 
-class ReadOnlyAdmin(display.DigestSafeAdmin):
+class ReadOnlyAdmin(display.FqModelAdmin):
     """View permission only, whatever the user's other permissions."""
 
     class Media:
@@ -47,7 +47,15 @@ class LeaseAdmin(ReadOnlyAdmin):
     list_filter = ("queue",)
     list_select_related = ("job", "queue")
     search_fields = ("job__uid", "worker")
+    exact_search = ("job__uid", "worker")
     search_help_text = "Exact job id, or a worker id."
+    url_lookups = {
+        "queue": display.EXACT_OR_IN,
+        "queue__id": display.EXACT_OR_IN,
+        "job": display.EXACT,
+        "job__uid": display.EXACT,
+        "worker": display.EXACT,
+    }
     ordering = ("deadline",)
     show_full_result_count = False
     fields = ("job_id_link", "queue", "generation", "claimed", "deadline_at", "timeout_cap", "worker")
@@ -57,12 +65,6 @@ class LeaseAdmin(ReadOnlyAdmin):
         return super().get_queryset(request).only(
             "job_id", "job__uid", "queue_id", "queue__name", "generation", "claimed_at", "deadline", "timeout_at", "worker"
         )
-
-    def get_search_results(self, request, queryset, search_term):
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        return queryset.filter(Q(job__uid=term) | Q(worker=term)), False
 
     @admin.display(description="job", ordering="job__uid")
     def job_id_link(self, obj):
@@ -88,7 +90,14 @@ class IdempotencyTokenAdmin(ReadOnlyAdmin):
     list_filter = ("queue",)
     list_select_related = ("queue",)
     search_fields = ("token", "job_uid")
+    exact_search = ("token", "job_uid")
     search_help_text = "Exact token or job id."
+    url_lookups = {
+        "queue": display.EXACT_OR_IN,
+        "queue__id": display.EXACT_OR_IN,
+        "token": display.EXACT,
+        "job_uid": display.EXACT,
+    }
     ordering = ("-id",)
     show_full_result_count = False
     fields = ("token", "queue", "job_link", "created", "expires", "live")
@@ -101,12 +110,6 @@ class IdempotencyTokenAdmin(ReadOnlyAdmin):
             is_live=Case(When(expires_at__gt=now, then=Value(True)), default=Value(False)),
             job_seq=Subquery(job_seq),
         )
-
-    def get_search_results(self, request, queryset, search_term):
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        return queryset.filter(Q(token=term) | Q(job_uid=term)), False
 
     @admin.display(description="job")
     def job_link(self, obj):
