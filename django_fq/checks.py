@@ -88,6 +88,9 @@ def check_settings(app_configs=None, **kwargs):
         value = conf.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             errors.append(Error(f"{name} must be a positive integer.", id="django_fq.E003"))
+    metrics_queues = getattr(settings, "FQ_METRICS_MAX_QUEUES", 0)
+    if isinstance(metrics_queues, bool) or not isinstance(metrics_queues, int) or metrics_queues < 0:
+        errors.append(Error("FQ_METRICS_MAX_QUEUES must be an integer of at least 0.", id="django_fq.E003"))
     if conf.database() in settings.DATABASES:
         errors += _check_routing()
     db: dict[str, Any] = settings.DATABASES.get(conf.database(), {})

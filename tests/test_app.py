@@ -39,6 +39,8 @@ def test_checks_accept_the_test_settings():
         ("FQ_MAX_JOBS_PER_QUEUE", 0, "django_fq.E003"),
         ("FQ_MAX_TOKENS_PER_QUEUE", True, "django_fq.E003"),
         ("FQ_FINISHED_RETENTION_MS", -1, "django_fq.E003"),
+        ("FQ_METRICS_MAX_QUEUES", -1, "django_fq.E003"),
+        ("FQ_METRICS_MAX_QUEUES", "200", "django_fq.E003"),
     ],
 )
 def test_bad_settings_are_reported(settings, name, value, check_id):

@@ -42,6 +42,8 @@ MINUTE_MS = 60_000
 BUCKETS = 60
 #: History kinds that count as a failed attempt (``release`` and ``cancel`` do not).
 FAILURE_KINDS = frozenset({"nack", "expired", "timeout"})
+#: Most queues listed in the dashboard's table (the busiest ones; the queue list has them all).
+DASHBOARD_QUEUES = 50
 #: Most jobs whose error history one dashboard view counts (in SQL).
 FAILURE_SCAN_LIMIT = 20_000
 
@@ -76,6 +78,41 @@ def count_annotations() -> dict:
         )
         for state, cond in conditions.items()
     }
+
+
+def busiest_queue_ids(limit: int) -> list[int]:
+    """Ids of at most ``limit`` queues: those with the most unfinished jobs, then the others by name.
+
+    *Unfinished* is scheduled, ready, running or dead: what an operator looks
+    at. One grouped query over those jobs, and one more over the queue table
+    when fewer than ``limit`` queues have any.
+    """
+    busy = list(
+        manager(Job)
+        .filter(state__in=("queued", "running", "dead"))
+        .order_by()
+        .values("queue_id")
+        .annotate(n=Count("seq"))
+        .order_by("-n", "queue_id")
+        .values_list("queue_id", flat=True)[:limit]
+    )
+    if len(busy) < limit:
+        busy += list(
+            manager(Queue).exclude(pk__in=busy).order_by("name").values_list("pk", flat=True)[: limit - len(busy)]
+        )
+    return busy
+
+
+def all_counts() -> dict[str, int]:
+    """Jobs of every queue in each reported state, in one aggregate query (database clock)."""
+    now = db.DbNow()
+    conditions = {
+        "scheduled": Q(state="queued", run_at__gt=now),
+        "ready": Q(state="queued", run_at__lte=now),
+        **{s: Q(state=s) for s in ("running", "succeeded", "dead", "cancelled")},
+    }
+    row = manager(Job).order_by().aggregate(**{s: Count("seq", filter=cond) for s, cond in conditions.items()})
+    return {s: int(row.get(s) or 0) for s in STATE_NAMES}
 
 
 def counts_of(queue: Queue) -> dict[str, int]:

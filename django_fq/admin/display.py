@@ -170,3 +170,42 @@ class FqModelAdmin(admin.ModelAdmin):
 #: ``url_lookups`` entries: exact and a list of values.
 EXACT_OR_IN = frozenset({"exact", "in"})
 EXACT = frozenset({"exact"})
+
+
+#: Most queues offered by a list's queue filter; the last choice links to the queue list for the rest.
+FILTER_QUEUES = 100
+
+
+class QueueFilter(admin.RelatedFieldListFilter):
+    """A list's queue filter with at most :data:`FILTER_QUEUES` choices (the first queues by name).
+
+    Django's own filter lists every queue: with thousands of them each list page
+    would carry a megabyte of links (and, with facets, a count per queue). The
+    queue picked in the URL is always among the choices; a last entry links to
+    the queue list, whose search finds any queue and whose counts link back here.
+    """
+
+    def field_choices(self, field, request, model_admin):
+        from .. import conf
+        from ..models import Queue
+
+        queues = Queue.objects.using(conf.database()).order_by("name")
+        rows = list(queues.values_list("pk", "name")[: FILTER_QUEUES + 1])
+        self.fq_more = len(rows) > FILTER_QUEUES
+        rows = rows[:FILTER_QUEUES]
+        picked = {int(v) for v in (self.lookup_val or ()) if isinstance(v, str) and v.isdigit() and len(v) < 19}
+        missing = picked - {pk for pk, _ in rows}
+        if missing:
+            rows += list(queues.filter(pk__in=missing).values_list("pk", "name"))
+        return rows
+
+    def choices(self, changelist):
+        yield from super().choices(changelist)
+        if getattr(self, "fq_more", False):
+            from django.urls import reverse
+
+            yield {
+                "selected": False,
+                "query_string": reverse("admin:django_fq_queue_changelist", current_app=changelist.model_admin.admin_site.name),
+                "display": f"More queues… (first {FILTER_QUEUES} by name shown)",
+            }

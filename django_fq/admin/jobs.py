@@ -77,7 +77,7 @@ class JobAdmin(display.FqModelAdmin):
         css = {"all": ("django_fq/admin.css",)}
 
     list_display = ("uid", "queue", "state_badge", "priority", "attempts_of", "enqueued", "runs_at", "worker", "error_head")
-    list_filter = ("queue", StateFilter)
+    list_filter = (("queue", display.QueueFilter), StateFilter)
     list_select_related = ("queue",)
     search_fields = ("uid", "idempotency", "unique_key")
     exact_search = ("uid", "idempotency", "unique_key")

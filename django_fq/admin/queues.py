@@ -5,6 +5,7 @@ Also serves the dashboard page (``admin:django_fq_dashboard``).
 
 from __future__ import annotations
 
+import django
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
@@ -324,15 +325,26 @@ class QueueAdmin(display.FqModelAdmin):
         ]
 
     def dashboard_view(self, request):
-        """Counts per queue and the last hour's activity as an inline SVG chart (no JavaScript)."""
+        """Counts of the busiest queues and the last hour's activity as an inline SVG chart (no JavaScript).
+
+        With thousands of queues the page stays small: the table lists at most
+        :data:`~django_fq.admin.dashboard.DASHBOARD_QUEUES` queues (those with the
+        most unfinished jobs) and links to the queue list for the rest.
+        """
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
-        rows = list(Queue.objects.using(conf.database()).annotate(**dashboard.count_annotations()).order_by("name"))
+        db_alias = conf.database()
+        shown = dashboard.busiest_queue_ids(dashboard.DASHBOARD_QUEUES)
+        by_id = {q.pk: q for q in Queue.objects.using(db_alias).filter(pk__in=shown).annotate(**dashboard.count_annotations())}
+        rows = [by_id[pk] for pk in shown if pk in by_id]
+        n_queues = Queue.objects.using(db_alias).count()
         totals = dashboard.counter_totals(q.pk for q in rows)
         selected = None
         name = request.GET.get("queue") or ""
-        if name:
-            selected = next((q for q in rows if q.name == name), None)
+        if name and not display.has_nul(name):
+            selected = next((q for q in rows if q.name == name), None) or (
+                Queue.objects.using(db_alias).filter(name=name).only("id", "name").first()
+            )
         act = dashboard.activity(selected.pk if selected is not None else None)
         table = []
         for q in rows:
@@ -350,7 +362,7 @@ class QueueAdmin(display.FqModelAdmin):
                     "avg_run": display.average(t.get("run_ms_sum", 0), t.get("run_count", 0)),
                 }
             )
-        all_counts = {s: sum(dashboard.counts_of(q)[s] for q in rows) for s in STATE_NAMES}
+        all_counts = dashboard.all_counts()
         context = {
             **self.admin_site.each_context(request),
             "title": "Queue dashboard",
@@ -358,12 +370,16 @@ class QueueAdmin(display.FqModelAdmin):
             "opts": self.opts,
             "app_label": self.opts.app_label,
             "queues": table,
+            "n_queues": n_queues,
+            "queue_list_url": reverse("admin:django_fq_queue_changelist", current_app=self.admin_site.name),
             "all_counts": [(s, all_counts[s]) for s in STATE_NAMES],
             "states": STATE_NAMES,
             "selected": selected.name if selected is not None else "",
             "unknown_queue": bool(name) and selected is None,
             "chart": dashboard.chart(act),
             "now": display.instant(act.now),
+            # Django 6.1's admin styles an ``ol.breadcrumbs`` of ``li`` items; 5.2 to 6.0 a ``div``.
+            "fq_breadcrumbs_list": django.VERSION >= (6, 1),
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, "admin/django_fq/dashboard.html", context)

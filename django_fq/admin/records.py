@@ -44,7 +44,7 @@ class LeaseAdmin(ReadOnlyAdmin):
     """Live leases: which job, which worker, until when. Never the receipt or its hash."""
 
     list_display = ("job_id_link", "queue", "generation", "claimed", "deadline_at", "timeout_cap", "worker")
-    list_filter = ("queue",)
+    list_filter = (("queue", display.QueueFilter),)
     list_select_related = ("job", "queue")
     search_fields = ("job__uid", "worker")
     exact_search = ("job__uid", "worker")
@@ -87,7 +87,7 @@ class IdempotencyTokenAdmin(ReadOnlyAdmin):
     """Idempotency tokens: which job a token maps to, and until when it deduplicates."""
 
     list_display = ("token", "queue", "job_link", "created", "expires", "live")
-    list_filter = ("queue",)
+    list_filter = (("queue", display.QueueFilter),)
     list_select_related = ("queue",)
     search_fields = ("token", "job_uid")
     exact_search = ("token", "job_uid")

@@ -11,12 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Sum
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
 from .. import conf, health, services
-from ..models import QueueCounter
+from ..models import Queue, QueueCounter
 from ..types import STATE_NAMES, TIMING_NAMES, TOTAL_NAMES
+
+#: Queues that get ``fq_queue_*`` series of their own unless ``FQ_METRICS_MAX_QUEUES`` says otherwise.
+DEFAULT_MAX_QUEUES = 200
+#: The ``queue`` label of the summed series of the other queues. Parentheses cannot occur in a
+#: queue name, so it never clashes with a real queue (``_other`` is a valid name).
+OTHER = "(other)"
 
 #: The meaning of each ``fq_queue_<name>_total`` counter.
 TOTAL_HELP = {
@@ -37,6 +44,13 @@ TOTAL_HELP = {
 class QueueCollector:
     """Collect the ``fq_queue_*`` metrics of every queue from the database.
 
+    With more than ``FQ_METRICS_MAX_QUEUES`` queues (default 200), the
+    queues created first keep their own series and the others are summed
+    under ``queue="(other)"`` (the oldest ready age is their maximum; no
+    concurrency limit is exported for them), so a scrape stays bounded
+    however many queues producers create. ``fq_queues`` and
+    ``fq_queues_folded`` say how many exist and how many were folded.
+
     A handful of aggregate statements per scrape, whatever the number of
     queues: the queues with their policy and counts per state
     (:func:`django_fq.services.queues`), the counter shards summed per queue,
@@ -46,15 +60,20 @@ class QueueCollector:
     """
 
     def collect(self):
+        db_alias = conf.database()
         infos = services.queues()
         sums: dict[str, Any] = {
             row["queue__name"]: row
-            for row in QueueCounter.objects.using(conf.database())
+            for row in QueueCounter.objects.using(db_alias)
             .values("queue__name")
             .annotate(**{f"s_{n}": Sum(n) for n in TOTAL_NAMES + TIMING_NAMES})
             .order_by()
         }
         gauges = {h.queue: h for h in health.queue_gauges()}
+        # The first queues created keep their own series: a new queue never moves an old one into OTHER.
+        own = set(
+            Queue.objects.using(db_alias).order_by("id").values_list("name", flat=True)[: max_queues()]
+        )
 
         jobs = GaugeMetricFamily(
             "fq_queue_jobs", "Jobs of the queue in each reported state.", labels=["queue", "state"]
@@ -85,21 +104,37 @@ class QueueCollector:
         run = SummaryMetricFamily(
             "fq_queue_run_seconds", "Run time of each acked job: ack time - claim time.", labels=["queue"]
         )
+        queues = GaugeMetricFamily("fq_queues", "Queues that exist.")
+        folded_queues = GaugeMetricFamily(
+            "fq_queues_folded",
+            f'Queues beyond FQ_METRICS_MAX_QUEUES whose fq_queue_* series are summed under queue="{OTHER}".',
+        )
 
+        folded = 0
+        other: dict[str, float] = {}
         for info in infos:
             name = info.name
-            for state in STATE_NAMES:
-                jobs.add_metric([name, state], info.counts.get(state, 0))
-            limit.add_metric([name], info.policy.concurrency)
             g = gauges.get(name)
             age = g.oldest_ready_age_ms if g is not None and g.oldest_ready_age_ms is not None else 0
-            ready_age.add_metric([name], age / 1000)
-            overdue.add_metric([name], g.stuck_leases if g is not None else 0)
             row = sums.get(name, {})
-            for total in TOTAL_NAMES:
-                totals[total].add_metric([name], int(row.get(f"s_{total}") or 0))
-            wait.add_metric([name], int(row.get("s_wait_count") or 0), int(row.get("s_wait_ms_sum") or 0) / 1000)
-            run.add_metric([name], int(row.get("s_run_count") or 0), int(row.get("s_run_ms_sum") or 0) / 1000)
+            values = {
+                **{f"jobs_{state}": info.counts.get(state, 0) for state in STATE_NAMES},
+                "overdue": g.stuck_leases if g is not None else 0,
+                **{f"total_{total}": int(row.get(f"s_{total}") or 0) for total in TOTAL_NAMES},
+                **{n: int(row.get(f"s_{n}") or 0) for n in TIMING_NAMES},
+            }
+            if name not in own:
+                folded += 1
+                for key, v in values.items():
+                    other[key] = other.get(key, 0) + v
+                other["age"] = max(other.get("age", 0), age)
+                continue
+            limit.add_metric([name], info.policy.concurrency)
+            _add(jobs, ready_age, overdue, totals, wait, run, name, values, age)
+        if folded:
+            _add(jobs, ready_age, overdue, totals, wait, run, OTHER, other, other.get("age", 0))
+        queues.add_metric([], len(infos))
+        folded_queues.add_metric([], folded)
 
         yield jobs
         yield limit
@@ -108,3 +143,25 @@ class QueueCollector:
         yield from totals.values()
         yield wait
         yield run
+        yield queues
+        yield folded_queues
+
+
+def max_queues() -> int:
+    """``FQ_METRICS_MAX_QUEUES``: how many queues get series of their own (default 200)."""
+    value = getattr(settings, "FQ_METRICS_MAX_QUEUES", DEFAULT_MAX_QUEUES)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return DEFAULT_MAX_QUEUES  # the system check django_fq.E003 reports the bad value
+    return value
+
+
+def _add(jobs, ready_age, overdue, totals, wait, run, label: str, values: dict, age_ms: float) -> None:
+    """Add one queue's samples (or the sums of the folded queues) under ``queue=label``."""
+    for state in STATE_NAMES:
+        jobs.add_metric([label, state], values[f"jobs_{state}"])
+    ready_age.add_metric([label], age_ms / 1000)
+    overdue.add_metric([label], values["overdue"])
+    for total in TOTAL_NAMES:
+        totals[total].add_metric([label], values[f"total_{total}"])
+    wait.add_metric([label], values["wait_count"], values["wait_ms_sum"] / 1000)
+    run.add_metric([label], values["run_count"], values["run_ms_sum"] / 1000)
