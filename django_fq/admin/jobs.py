@@ -32,6 +32,8 @@ from . import display
 
 #: Most jobs one bulk action handles; the message says when more were selected.
 ACTION_LIMIT = 1000
+#: Newest error history entries shown open on a job's page; older ones are folded away.
+HISTORY_OPEN = 3
 #: Failures named one by one in the message of a bulk action.
 NAMED_FAILURES = 5
 #: Columns never loaded for the list: large, or secret-adjacent (hashes of receipts).
@@ -39,8 +41,9 @@ LIST_DEFERRED = ("payload", "result", "errors", "last_error", "settled_hash", "s
 
 #: The repair verbs: name -> (service function, button label, past tense, states it applies to).
 VERBS = {
-    "retry": (fq.retry, "Retry", "retried", ("dead",)),
-    "requeue": (requeue, "Requeue now", "requeued", ("scheduled",)),
+    # One style: a verb and its object, sentence case (as the admin's own "Save and add another").
+    "retry": (fq.retry, "Retry job", "retried", ("dead",)),
+    "requeue": (requeue, "Requeue job now", "requeued", ("scheduled",)),
     "cancel": (fq.cancel, "Cancel job", "cancelled", ("scheduled", "ready", "running", "dead")),
 }
 
@@ -99,7 +102,8 @@ class JobAdmin(display.FqModelAdmin):
     show_full_result_count = False
     actions = ("retry_selected", "requeue_selected", "cancel_selected")
     fieldsets = (
-        (None, {"fields": ("uid", "queue", "state_badge", "priority", "attempts_of", "timeout", "unique_key", "idempotency")}),
+        # The id is the page's title; it is not repeated as a field.
+        (None, {"fields": ("queue", "state_badge", "priority", "attempts_of", "timeout", "unique_key", "idempotency")}),
         ("Times (database clock, UTC)", {"fields": ("enqueued_at_at", "run_at_at", "claimed_at_at", "changed_at_at", "finished_at_at")}),
         ("Lease", {"fields": ("lease_deadline", "lease_worker", "lease_generation")}),
         ("Payload", {"fields": ("payload_pretty",)}),
@@ -226,29 +230,21 @@ class JobAdmin(display.FqModelAdmin):
             return display.EMPTY
         return format_html('<pre class="fq-error">{}</pre>', obj.last_error)
 
-    @admin.display(description="history (newest last)")
+    @admin.display(description="history (newest first)")
     def error_history(self, obj):
-        entries = [e for e in (obj.errors or []) if isinstance(e, dict)]
+        entries = [e for e in (obj.errors or []) if isinstance(e, dict)][::-1]
         if not entries:
             return display.EMPTY
-        rows = format_html_join(
-            "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><pre class=\"fq-error\">{}</pre></td></tr>",
-            (
-                (
-                    display.instant(e.get("at")) if isinstance(e.get("at"), int) else display.EMPTY,
-                    e.get("attempt", ""),
-                    e.get("kind", ""),
-                    e.get("worker") or display.EMPTY,
-                    e.get("error") or "",
-                )
-                for e in entries
-            ),
-        )
+        recent = _history_table(entries[:HISTORY_OPEN])
+        if len(entries) <= HISTORY_OPEN:
+            return recent
+        older = len(entries) - HISTORY_OPEN
         return format_html(
-            '<table class="fq-history"><thead><tr><th>at (UTC)</th><th>attempt</th><th>kind</th>'
-            "<th>worker</th><th>error</th></tr></thead><tbody>{}</tbody></table>",
-            rows,
+            '{}<details class="fq-older"><summary>{} older entr{}</summary>{}</details>',
+            recent,
+            older,
+            "y" if older == 1 else "ies",
+            _history_table(entries[HISTORY_OPEN:]),
         )
 
     # --- detail page: read-only, with repair buttons -------------------------------------
@@ -272,6 +268,7 @@ class JobAdmin(display.FqModelAdmin):
         obj = self.get_object(request, object_id) if object_id else None
         if obj is not None:
             extra_context["title"] = f"Job {obj.uid}"
+            extra_context["subtitle"] = None  # Django would repeat the id below the title
             extra_context["fq_repair_buttons"] = self._buttons(request, obj)
         return super().changeform_view(request, object_id, form_url, extra_context)
 
@@ -348,6 +345,29 @@ class JobAdmin(display.FqModelAdmin):
                 f"Only the first {ACTION_LIMIT} selected jobs were handled; run the action again for the rest.",
                 messages.WARNING,
             )
+
+
+def _history_table(entries: list[dict]):
+    """Error history entries as an escaped table: time, attempt, kind, worker, text."""
+    rows = format_html_join(
+        "",
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><pre class=\"fq-error\">{}</pre></td></tr>",
+        (
+            (
+                display.instant(e.get("at")) if isinstance(e.get("at"), int) else display.EMPTY,
+                e.get("attempt", ""),
+                e.get("kind", ""),
+                e.get("worker") or display.EMPTY,
+                e.get("error") or "",
+            )
+            for e in entries
+        ),
+    )
+    return format_html(
+        '<table class="fq-history"><thead><tr><th>at (UTC)</th><th>attempt</th><th>kind</th>'
+        "<th>worker</th><th>error</th></tr></thead><tbody>{}</tbody></table>",
+        rows,
+    )
 
 
 def _reported_expression():

@@ -107,6 +107,10 @@ class QueueChangeList(ChangeList):
             q.fq_totals = totals.get(q.pk) or dict.fromkeys(TOTAL_NAMES, 0)
 
 
+#: States whose non-zero counts stand out (the admin's error colours, see django_fq/admin.css).
+ALERT_STATES = frozenset({"dead"})
+
+
 def _job_list_url(queue_id: int, state: str | None = None) -> str:
     url = reverse("admin:django_fq_job_changelist") + f"?queue__id__exact={queue_id}"
     return url + (f"&state={state}" if state else "")
@@ -118,6 +122,8 @@ def _count_column(state: str):
         n = getattr(obj, f"n_{state}", 0) or 0
         if not n:
             return "0"
+        if state in ALERT_STATES:
+            return format_html('<a class="fq-alert" href="{}">{}</a>', _job_list_url(obj.pk, state), n)
         return format_html('<a href="{}">{}</a>', _job_list_url(obj.pk, state), n)
 
     column.__name__ = f"count_{state}"
@@ -187,7 +193,8 @@ class QueueAdmin(display.FqModelAdmin):
 
     @admin.display(description="failed attempts")
     def total_failed(self, obj):
-        return self._total(obj, "nacked", "expired", "timed_out")
+        n = self._total(obj, "nacked", "expired", "timed_out")
+        return format_html('<span class="fq-alert">{}</span>', n) if n else "0"
 
     @admin.display(description="avg wait")
     def avg_wait(self, obj):

@@ -187,3 +187,15 @@ def test_dashboard_counts_failures_in_sql_without_reading_error_texts(root_clien
     chart = response.context["chart"]
     assert chart["total_failed"] == 4 and not chart["partial"]  # three nacks and the timeout
     assert sum(only_b.failures) == 1
+
+
+def test_dashboard_breadcrumbs_use_the_markup_of_this_django_admin(root_client, queue):
+    """Django 6.1 styles an ``ol.breadcrumbs`` of ``li`` items, 5.2 and 6.0 a ``div``: the dashboard follows the admin."""
+    own = text(root_client.get(changelist("queue")))
+    tag = re.search(r'<(ol|div) class="breadcrumbs">', own).group(1)
+    html = text(root_client.get(_dashboard_url()))
+    crumbs = re.search(r'<(ol|div) class="breadcrumbs">(.*?)</\1>', html, re.S)
+    assert crumbs and crumbs.group(1) == tag
+    if tag == "ol":
+        assert re.findall(r"<li[^>]*>", crumbs.group(2)) and '<li aria-current="page">Dashboard</li>' in crumbs.group(2)
+    assert "Dashboard" in crumbs.group(2) and 'href="/admin/django_fq/"' in crumbs.group(2)

@@ -283,3 +283,34 @@ def test_filter_counts_when_facets_are_shown(root_client, queue):
     assert response.status_code == 200
     html = text(response)
     assert "scheduled (2)" in html and "dead (1)" in html and "ready (0)" in html
+
+
+def test_job_page_puts_the_repairs_first_shows_the_id_once_and_folds_old_history(root_client, queue):
+    """docs/admin.md, "Jobs": buttons above the fields, the id as the title only, newest history open."""
+    import re
+
+    fq.configure(queue, max_attempts=5, backoff_ms=1000)
+    job_id = fq.enqueue(queue, {"n": 1}).id
+    for attempt in range(1, 6):
+        fq.nack(queue, claim_one(queue, worker=f"w-{attempt}").receipt, error=f"failure number {attempt}", delay_ms=0)
+    assert fq.get(queue, job_id).state == "dead"
+    html = text(root_client.get(job_url(job_id)))
+    main = html.split('id="content-main"')[1]
+    assert main.index('class="submit-row fq-repair"') < main.index("<fieldset") < main.index('class="fq-history"')
+    assert job_id not in main  # only the title names the job
+    assert re.findall(r"<h[12][^>]*>([^<]*)</h[12]>", html.split('id="content"')[1].split('id="content-main"')[0]) == [
+        f"Job {job_id}"
+    ]
+    # Newest first: the three latest open, the two older ones inside a closed <details>.
+    recent, older = main.split('class="fq-history"', 1)[1].split('<details class="fq-older">')
+    assert [int(n) for n in re.findall(r"failure number (\d)", recent)] == [5, 4, 3]
+    assert "2 older entries" in older and [int(n) for n in re.findall(r"failure number (\d)", older)] == [2, 1]
+    labels = re.findall(r'name="fq_\w+" value="([^"]+)"', main)
+    assert labels == ["Retry job", "Cancel job"]
+
+
+def test_repair_labels_share_one_style():
+    from django_fq.admin.jobs import VERBS
+
+    for _, label, _, _ in VERBS.values():
+        assert label[0].isupper() and label[1:] == label[1:].lower() and " job" in label, label

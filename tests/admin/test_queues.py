@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -86,7 +88,7 @@ def test_changelist_shows_totals_and_average_wait_and_run(root_client, queue, cl
     html = squash(text(response))
     assert '<td class="field-total_enqueued">4</td>' in html
     assert '<td class="field-total_acked">1</td>' in html
-    assert '<td class="field-total_failed">1</td>' in html
+    assert '<td class="field-total_failed"><span class="fq-alert">1</span></td>' in html
     assert display.average(stats.wait_ms_sum, stats.wait_count) in html
     assert display.average(stats.run_ms_sum, stats.run_count) in html
 
@@ -241,3 +243,17 @@ def test_permissions_gate_edit_and_delete(make_user, queue):
 
     stranger = client_for(make_user("stranger"))
     assert stranger.get(changelist("queue")).status_code == 403
+
+
+def test_queue_list_and_dashboard_make_dead_and_failed_counts_stand_out(root_client, queue):
+    """Non-zero dead counts and failed attempts carry fq-alert (the admin's error colours, dark mode too)."""
+    from django.urls import reverse
+
+    make(queue, "dead")
+    make("adm:calm", "succeeded")
+    for page in (changelist("queue"), reverse("admin:django_fq_dashboard")):
+        html = squash(text(root_client.get(page)))
+        assert html.count('class="fq-alert"') == 2, page  # the dead count and the failed attempts of adm:q
+        assert '<a class="fq-alert" href="' in html or 'class="fq-alert">1</a>' in html
+    css = (Path(__file__).parents[2] / "django_fq/static/django_fq/admin.css").read_text()
+    assert "var(--error-fg" in css and "var(--message-error-bg" in css
