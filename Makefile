@@ -6,7 +6,8 @@
 #                    (tests marked `slow` excluded)
 #   make test-quick  one venv (.venv), SQLite only
 #   make test-slow   only the tests marked `slow`, on SQLite and PostgreSQL (Django 5.2;
-#                    SLOW_LEGS="dj6-sqlite ..." picks other legs)
+#                    SLOW_LEGS="dj6-sqlite ..." picks other legs), then the admin's browser
+#                    tests on Django 6.x (BROWSER_LEGS, default dj6-sqlite; empty: skip)
 #   make venvs       create/update .venv, .venv-dj52, .venv-dj6 and .venv-dj60 without running anything
 #   make bench       benchmark suite on PostgreSQL + SQLite (docs/performance.md);
 #                    BENCH_ARGS="--with-anchors" adds the other Django queues
@@ -32,6 +33,9 @@ DJ6  := Django>=6.0,<6.2
 DJ60 := Django>=6.0,<6.1
 # Legs of the slow tier (any of dj52-sqlite dj52-postgres dj6-sqlite dj6-postgres dj60-sqlite).
 SLOW_LEGS ?= dj52-sqlite dj52-postgres
+# Legs that also run the admin's browser tests (tests/admin/test_browser.py) after the slow tier:
+# the admin's templates differ between Django 5.2 and 6.x. Empty: none.
+BROWSER_LEGS ?= dj6-sqlite
 # .venv-tools: ruff, mypy, mkdocs, build and twine (Python 3.12, Django 6.x),
 # kept apart from the test venvs.
 TOOLS_EXTRAS := lint,docs,package,postgres,tasks
@@ -61,7 +65,12 @@ test-quick: venv
 	FQ_TEST_DB=sqlite .venv/bin/python -m pytest -p no:cacheprovider -q -m "not slow" $(PYTEST_ARGS)
 
 test-slow:
-	@FQ_MARKERS=slow FQ_ALLOW_EMPTY=1 scripts/test-matrix.sh $(SLOW_LEGS)
+	@FQ_MARKERS=slow FQ_ALLOW_EMPTY=1 scripts/test-matrix.sh $(SLOW_LEGS); slow=$$?; browser=0; \
+	if [ -n "$(strip $(BROWSER_LEGS))" ]; then \
+	    FQ_MARKERS=slow FQ_ALLOW_EMPTY=1 PYTEST_ARGS="tests/admin/test_browser.py $(PYTEST_ARGS)" \
+	        scripts/test-matrix.sh $(BROWSER_LEGS) || browser=$$?; \
+	fi; \
+	[ $$slow -eq 0 ] && [ $$browser -eq 0 ]
 
 bench: venv
 	.venv/bin/python bench/run.py $(BENCH_ARGS)

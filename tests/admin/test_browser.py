@@ -177,6 +177,9 @@ def test_retry_action(browser, site):
     buttons = [b.get_attribute("value") for b in browser.find_elements(By.CSS_SELECTOR, ".fq-repair input[type=submit]")]
     assert buttons == ["Cancel job"]
     assert "ready" in browser.find_element(By.CSS_SELECTOR, ".fq-state").text
+    # The repair buttons come before the fields, so they are on screen without scrolling.
+    repair = browser.find_element(By.CSS_SELECTOR, ".fq-repair").location["y"]
+    assert repair < browser.find_element(By.CSS_SELECTOR, "#content-main fieldset").location["y"] < 1000
 
 
 def test_dashboard(browser, site, tmp_path):
@@ -203,5 +206,11 @@ def test_dashboard(browser, site, tmp_path):
     row = browser.find_element(By.CSS_SELECTOR, 'tr[data-queue="web:mail"]')
     assert row.find_element(By.CSS_SELECTOR, "td.fq-count-scheduled").text == "2"
     assert row.find_element(By.CSS_SELECTOR, "td.fq-count-succeeded").text == "4"
+    # The breadcrumbs are styled by this Django's admin (an ol on 6.1+, a div before): a coloured bar.
+    crumbs = browser.find_element(By.CSS_SELECTOR, "nav .breadcrumbs")
+    assert crumbs.value_of_css_property("background-color") not in ("rgba(0, 0, 0, 0)", "transparent")
+    # A queue with a dead job stands out in the admin's error colour.
+    dead = browser.find_element(By.CSS_SELECTOR, 'tr[data-queue="web:other"] td.fq-count-dead a.fq-alert')
+    assert dead.value_of_css_property("background-color") not in ("rgba(0, 0, 0, 0)", "transparent")
     shot = _screenshot(browser, tmp_path, "admin-dashboard")
     assert shot.stat().st_size > 10_000
