@@ -74,7 +74,8 @@ class FqJSONParser(BaseParser):
             text = raw.decode(encoding)
         except UnicodeError:  # also codecs that refuse any text ("undefined", "punycode")
             raise InvalidJson(f"the request body is not valid {_shown(encoding)} text") from None
-        if validation.nests_deeper(text, BODY_DEPTH):
+        # UTF-8 bytes show the same brackets as the text: judge them without another copy.
+        if validation.nests_deeper(raw if codecs.lookup(encoding).name == "utf-8" else text, BODY_DEPTH):
             raise InvalidJson(
                 f"the request body nests deeper than {BODY_DEPTH} levels "
                 f"(a payload or result may nest {validation.MAX_JSON_DEPTH})"
@@ -115,20 +116,34 @@ def _shown(name: str) -> str:
     return name.encode("ascii", "backslashreplace").decode("ascii")[:40]
 
 
+#: Bytes of a body looked at at once while its values are counted: the count's own memory.
+_COUNT_CHUNK = 1 << 20
+
+
 def _values_over(raw: bytes, limit: int) -> bool:
     """True when the JSON text ``raw`` holds more than ``limit`` values (array items and object members).
 
     Counted on the bytes, outside strings: one per comma and per opening bracket,
-    plus one. An upper bound of it comes from three byte counts; strings are
-    blanked out only when that bound is over ``limit``.
+    plus one. An upper bound of it comes from three byte counts; only when that
+    bound is over ``limit`` are strings told apart, a chunk at a time, so the
+    count never copies more than :data:`_COUNT_CHUNK` bytes.
     """
     if raw.count(b",") + raw.count(b"[") + raw.count(b"{") + 1 <= limit:
         return False
-    shape = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_COUNTED)
-    shape = shape.replace(b'""', b"")
-    if b'"' in shape:
-        shape = b"".join(shape.split(b'"')[::2])  # odd pieces are string contents
-    return shape.count(b",") + shape.count(b"[") + shape.count(b"{") + 1 > limit
+    total, inside, start, size = 1, False, 0, len(raw)
+    while start < size:
+        end = min(start + _COUNT_CHUNK, size)
+        while end < size and raw[end - 1] == 0x5C:  # never split an escape sequence between chunks
+            end += 1
+        shape = raw[start:end].replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_COUNTED)
+        pieces = shape.split(b'"')
+        for piece in pieces[1 if inside else 0 :: 2]:  # the pieces outside strings
+            total += piece.count(b",") + piece.count(b"[") + piece.count(b"{")
+        inside ^= (len(pieces) - 1) % 2 == 1
+        if total > limit:
+            return True
+        start = end
+    return False
 
 
 def _content_length(request) -> int | None:
