@@ -191,7 +191,14 @@ def test_c17_a_real_worker_runs_the_rest_of_a_claim_with_a_poison_row_and_keeps_
 
         wait_until(settled, timeout=60, what="every job of the claim settled")
         assert worker.alive(), worker.stderr
-        assert [services.get(q, j).state for j in ids] == ["succeeded", "succeeded", "dead", "succeeded", "dead", "succeeded"]
+        assert [services.get(q, j).state for j in ids] == [
+            "succeeded",
+            "succeeded",
+            "dead",
+            "succeeded",
+            "dead",
+            "succeeded",
+        ]
         for j in (ids[2], ids[4]):
             assert services.get(q, j).last_error.startswith(f"payload {TOO_DEEP}")
         # one claim took all six (same claim instant), the poison rows included
