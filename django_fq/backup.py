@@ -205,8 +205,37 @@ def export_jsonl(out: IO[str], queues: Sequence[str] | None = None, *, progress=
     )
 
 
+#: Deepest nesting of a backup line judged on its text, before decoding: twice a payload's
+#: bound, so that a payload or result a little too deep is refused by name once decoded.
+_LINE_DEPTH = 2 * validation.MAX_JSON_DEPTH
+
+
+class _Stored(str):
+    """Compact JSON text as stored in a job row, written into an export line unchanged."""
+
+
+#: Stand-ins of the stored texts while a line is encoded; NUL never occurs in a stored text.
+_SPLICE = {"payload": "\x00fq-payload\x00", "result": "\x00fq-result\x00"}
+
+
 def _write(out: IO[str], obj: dict) -> None:
-    out.write(json.dumps(obj, separators=(",", ":"), ensure_ascii=True) + "\n")
+    stored = [(k, v) for k, v in obj.items() if isinstance(v, _Stored)]
+    if stored:
+        obj = {**obj, **{k: _SPLICE[k] for k, _ in stored}}
+    line = json.dumps(obj, separators=(",", ":"), ensure_ascii=True)
+    for k, text in stored:
+        line = line.replace(json.dumps(_SPLICE[k]), _ascii_json(text), 1)
+    out.write(line + "\n")
+
+
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def _ascii_json(text: str) -> str:
+    """JSON text with every non-ASCII character escaped, as ``ensure_ascii`` writes it."""
+    if text.isascii():
+        return text
+    return _NON_ASCII.sub(lambda m: json.dumps(m.group(0))[1:-1], text)
 
 
 def _tick(progress, n: int = 1) -> None:
@@ -283,8 +312,10 @@ def _job_pages(queue_id: int, exported_at: int):
                 "max_attempts": r["max_attempts"],
                 "generation": r["generation"],
                 "timeout_ms": r["timeout_ms"],
-                "payload": json.loads(r["payload"]),
-                "result": None if r["result"] is None else json.loads(r["result"]),
+                # The stored texts go into the line as they are, never decoded: exact, and a
+                # document too deep to decode is still backed up (import refuses it by name).
+                "payload": _Stored(r["payload"]),
+                "result": None if r["result"] is None else _Stored(r["result"]),
                 "last_error": RUNNING_NOTE if was_running else r["last_error"],
                 "errors": errors,
                 "unique_key": r["unique_key"],
@@ -562,6 +593,12 @@ class _Importer:
                 raise InvalidBackup(f"not UTF-8 text ({exc.reason} at byte {exc.start})", line=n) from None
         if not raw.strip():
             return
+        if validation.nests_deeper(raw, _LINE_DEPTH):
+            # Checked on the text: decoding it could exhaust the stack first.
+            raise InvalidBackup(
+                f"nests deeper than {_LINE_DEPTH} levels (a payload or result may nest {validation.MAX_JSON_DEPTH})",
+                line=n,
+            )
         try:
             obj = json.loads(raw, parse_constant=_reject_constant)
         except (ValueError, RecursionError) as exc:

@@ -18,10 +18,10 @@ Design notes (see ``docs/explanation/design.md``):
 
 from __future__ import annotations
 
-import json
-
 from django.db import models
 from django.db.models import Q
+
+from . import validation
 
 
 class Stored(models.TextChoices):
@@ -162,13 +162,13 @@ class Job(models.Model):
 
     @property
     def payload_value(self):
-        """The payload decoded from its stored JSON text."""
-        return json.loads(self.payload)
+        """The payload decoded from its stored JSON text (a stand-in when it nests too deep to show)."""
+        return validation.stored_json(self.payload, "payload")
 
     @property
     def result_value(self):
-        """The result decoded from its stored JSON text (``None`` if unset)."""
-        return None if self.result is None else json.loads(self.result)
+        """The result decoded from its stored JSON text (``None`` if unset; a stand-in when too deep)."""
+        return validation.stored_json(self.result, "result")
 
 
 class Lease(models.Model):

@@ -37,6 +37,7 @@ API_INT_SETTINGS = (
     "FQ_API_MAX_BODY_BYTES",
     "FQ_API_MAX_BULK_BODY_BYTES",
     "FQ_API_MAX_BULK_JOBS",
+    "FQ_API_MAX_BODY_VALUES",
     "FQ_API_LONG_POLL_RECHECK_MS",
 )
 #: DRF permission classes that admit anonymous callers (to some or all requests).

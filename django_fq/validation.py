@@ -51,6 +51,16 @@ MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
 MAX_KEY_LENGTH = 255
 #: Each error entry is capped at 64 KiB of text (SPEC §9).
 MAX_ERROR_BYTES = 64 * 1024
+#: Deepest nesting of arrays and objects in a payload or result (``[]`` is one level,
+#: ``[[1]]`` two). Every face must read a stored document back: Python's JSON decoder and
+#: encoder recurse once per level, and the indented renderings (admin page, ``fq get``,
+#: DRF's ``indent`` renderer) run in pure Python below a web request's or a worker's
+#: stack, where a few hundred levels already fail. 64 stays far below that on every
+#: supported Python and far above what a real job carries (docs/reference/errors.md).
+MAX_JSON_DEPTH = 64
+#: Key of the stand-in a read shows for a stored document deeper than MAX_JSON_DEPTH
+#: (written before the bound existed, or by raw SQL): ``{"fq_unreadable": message, "bytes": n}``.
+UNREADABLE_KEY = "fq_unreadable"
 
 
 def queue_name(name: object) -> str:
@@ -165,7 +175,9 @@ def json_text(value: object, field: str = "payload", limit: int | None = None) -
     except (TypeError, ValueError) as exc:
         raise InvalidJson(f"{field} is not valid JSON: {exc}", field=field) from None
     except RecursionError:
-        raise InvalidJson(f"{field} is nested too deeply", field=field) from None
+        raise _too_deep(field) from None
+    if nests_deeper(text, MAX_JSON_DEPTH):
+        raise _too_deep(field)
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
@@ -180,14 +192,85 @@ def json_text(value: object, field: str = "payload", limit: int | None = None) -
 def parse_json(text: str, field: str = "payload", limit: int | None = None) -> tuple[object, str, int]:
     """Parse a JSON document given as text (CLI, REST) and re-encode it compactly.
 
-    Returns ``(value, compact_text, size)``; errors as :func:`json_text`.
+    Returns ``(value, compact_text, size)``; errors as :func:`json_text`. Nesting
+    deeper than :data:`MAX_JSON_DEPTH` is refused before the text is decoded.
     """
+    if nests_deeper(text, MAX_JSON_DEPTH):
+        raise _too_deep(field)
     try:
         value = json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise _too_deep(field) from None
+    except ValueError as exc:
         raise InvalidJson(f"{field} is not valid JSON: {exc}", field=field) from None
     compact, size = json_text(value, field, limit)
     return value, compact, size
+
+
+def too_deep_message(field: str, limit: int = MAX_JSON_DEPTH) -> str:
+    """The one wording of a nesting refusal: ``"<field> nests deeper than <limit> levels"``."""
+    return f"{field} nests deeper than {limit} levels"
+
+
+def _too_deep(field: str) -> InvalidJson:
+    return InvalidJson(too_deep_message(field), field=field)
+
+
+#: ``bytes.translate`` arguments keeping only brackets and quotes, with ``{}`` read as ``[]``.
+_SQUARE = bytes.maketrans(b"{}", b"[]")
+_NOT_SHAPE = bytes(c for c in range(256) if c not in b'[]{}"')
+
+
+def nests_deeper(text: str | bytes, limit: int) -> bool:
+    """True when the JSON text ``text`` nests arrays/objects more than ``limit`` levels deep.
+
+    Works on the text without decoding it, so it is safe on any input, and
+    cheap (C-speed byte operations): a text with at most ``limit`` opening
+    brackets is never deeper; otherwise escapes, strings and everything but
+    brackets are dropped and each pass removes the innermost empty pairs, one
+    level per pass, ``limit`` passes at most. Malformed text (brackets that
+    never pair up) is left to the decoder to report.
+    """
+    if isinstance(text, str):
+        if text.count("[") + text.count("{") <= limit:
+            return False
+        data = text.encode("utf-8", "surrogatepass")
+    else:
+        data = bytes(text)
+        if data.count(b"[") + data.count(b"{") <= limit:
+            return False
+    # Escaped backslashes first, so that ``\\"`` still ends its string.
+    shape = data.replace(b"\\\\", b"").replace(b'\\"', b"").translate(_SQUARE, _NOT_SHAPE)
+    shape = shape.replace(b'""', b"")  # most strings hold no bracket and are gone now
+    if b'"' in shape:
+        shape = b"".join(shape.split(b'"')[::2])  # odd pieces are string contents
+    for _ in range(limit):
+        if not shape:
+            return False
+        peeled = shape.replace(b"[]", b"")
+        if len(peeled) == len(shape):
+            return False  # brackets that do not pair: not JSON, the decoder says so
+        shape = peeled
+    return bool(shape)
+
+
+def stored_json(text: str | None, field: str = "payload"):
+    """Decode JSON text django-fq stored (a payload or result) for a read face.
+
+    ``None`` stays ``None``. A document nesting deeper than
+    :data:`MAX_JSON_DEPTH` (stored before the bound existed, or by raw SQL),
+    or one that does not decode, comes back as the stand-in
+    ``{"fq_unreadable": "<field> nests deeper than 64 levels", "bytes": n}`` so
+    that every read (get, wait, retry, cancel, the admin, ``fq get``) answers.
+    """
+    if text is None:
+        return None
+    if not nests_deeper(text, MAX_JSON_DEPTH):
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError):
+            return {UNREADABLE_KEY: f"{field} is not valid JSON", "bytes": len(text.encode("utf-8", "replace"))}
+    return {UNREADABLE_KEY: too_deep_message(field), "bytes": len(text.encode("utf-8", "replace"))}
 
 
 def error_text(value: object, field: str = "error") -> str:

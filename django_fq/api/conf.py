@@ -55,6 +55,16 @@ def max_bulk_body_bytes() -> int:
     return max(32 * MIB if value is None else int(value), max_body_bytes())
 
 
+#: Default of ``FQ_API_MAX_BODY_VALUES``: a million JSON values cost about 100 MB while
+#: decoded, whatever their bytes (docs/rest-api.md, "Limits").
+DEFAULT_MAX_BODY_VALUES = 1_000_000
+
+
+def max_body_values() -> int:
+    """Most JSON values (array items and object members, at any depth) one request body may hold."""
+    return int(getattr(settings, "FQ_API_MAX_BODY_VALUES", DEFAULT_MAX_BODY_VALUES))
+
+
 def max_bulk_jobs() -> int:
     """Most envelopes one bulk enqueue takes."""
     return int(getattr(settings, "FQ_API_MAX_BULK_JOBS", 1000))

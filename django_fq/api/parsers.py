@@ -1,13 +1,31 @@
-"""The one body parser of the API: JSON, size-checked before a byte is read."""
+"""The one body parser of the API: JSON, size-checked before a byte is read.
+
+What a body may cost is bounded before it is decoded, on its bytes: its length
+(``Content-Length`` first), its nesting depth and its count of JSON values
+(docs/rest-api.md, "Limits"). A bulk of ten million empty objects is refused
+from a few byte counts, without building one of them.
+"""
 
 from __future__ import annotations
 
+import codecs
 import json
 
+from django.utils.http import parse_header_parameters
+from rest_framework.exceptions import UnsupportedMediaType
 from rest_framework.parsers import BaseParser
 
+from .. import validation
 from ..exceptions import InvalidJson, PayloadTooLarge
 from . import conf
+
+#: Deepest nesting of a request body. Twice a payload's bound, so that a payload or
+#: result nesting 65–128 levels is refused by name (``payload nests deeper than 64
+#: levels``) after decoding, while anything deeper is refused on its bytes, before
+#: Python's recursive decoder sees it.
+BODY_DEPTH = 2 * validation.MAX_JSON_DEPTH
+
+_NOT_COUNTED = bytes(c for c in range(256) if c not in b'[]{}",')
 
 
 def _reject_constant(name: str):
@@ -18,9 +36,12 @@ class FqJSONParser(BaseParser):
     """Parse ``application/json`` bodies.
 
     The declared ``Content-Length`` is checked against the view's limit first
-    (413 ``payload_too_large`` without reading the body). Malformed JSON,
-    invalid UTF-8, ``NaN``/``Infinity`` and nesting too deep for Python all
-    give 400 ``invalid_json``.
+    (413 ``payload_too_large`` without reading the body), then the count of
+    JSON values (413, ``FQ_API_MAX_BODY_VALUES``) and the nesting depth (400
+    ``invalid_json``, deeper than :data:`BODY_DEPTH`) on the raw bytes. A
+    ``charset`` that is not a text encoding Python knows is 415
+    ``unsupported_media_type`` naming it. Malformed JSON, undecodable text and
+    ``NaN``/``Infinity`` give 400 ``invalid_json``.
     """
 
     media_type = "application/json"
@@ -28,6 +49,7 @@ class FqJSONParser(BaseParser):
     def parse(self, stream, media_type=None, parser_context=None):
         context = parser_context or {}
         request, view = context.get("request"), context.get("view")
+        encoding = _charset(media_type) or context.get("encoding") or "utf-8"
         view_limit = getattr(view, "max_body_bytes", None)
         limit = view_limit() if view_limit is not None else conf.max_body_bytes()
         declared = _content_length(request)
@@ -41,16 +63,87 @@ class FqJSONParser(BaseParser):
         raw = stream.read(limit + 1) if stream is not None else b""
         if len(raw) > limit:
             raise PayloadTooLarge(f"the request body exceeds {limit} bytes", limit=limit)
-        encoding = context.get("encoding") or "utf-8"
+        max_values = conf.max_body_values()
+        if _values_over(raw, max_values):
+            raise PayloadTooLarge(
+                f"the request body holds more than {max_values} JSON values (FQ_API_MAX_BODY_VALUES)",
+                field=getattr(view, "values_field", None),
+                limit=max_values,
+            )
         try:
             text = raw.decode(encoding)
+        except UnicodeError:  # also codecs that refuse any text ("undefined", "punycode")
+            raise InvalidJson(f"the request body is not valid {_shown(encoding)} text") from None
+        # UTF-8 bytes show the same brackets as the text: judge them without another copy.
+        if validation.nests_deeper(raw if codecs.lookup(encoding).name == "utf-8" else text, BODY_DEPTH):
+            raise InvalidJson(
+                f"the request body nests deeper than {BODY_DEPTH} levels "
+                f"(a payload or result may nest {validation.MAX_JSON_DEPTH})"
+            )
+        try:
             return json.loads(text, parse_constant=_reject_constant)
-        except UnicodeDecodeError:
-            raise InvalidJson("the request body is not valid UTF-8") from None
-        except RecursionError:
-            raise InvalidJson("the request body is nested too deeply") from None
+        except RecursionError:  # pragma: no cover - the depth check above comes first
+            raise InvalidJson("the request body nests too deeply") from None
         except ValueError as exc:
             raise InvalidJson(f"the request body is not valid JSON: {exc}") from None
+
+
+def _charset(media_type: str | None) -> str | None:
+    """The ``charset`` of the ``Content-Type``, if any; 415 when Python has no text codec of that name.
+
+    Django drops a charset it cannot look up, and keeps byte codecs such as
+    ``hex`` or ``zlib`` that ``bytes.decode`` then refuses: both are judged here.
+    """
+    if not media_type:
+        return None
+    _, params = parse_header_parameters(media_type)
+    name = params.get("charset")
+    if name is None:
+        return None
+    try:
+        known = getattr(codecs.lookup(name), "_is_text_encoding", True)
+    except (LookupError, ValueError):  # ValueError: a name with NUL
+        known = False
+    if not known:
+        raise UnsupportedMediaType(
+            media_type, detail=f'charset "{_shown(name)}" is not a text encoding; send the JSON body as UTF-8'
+        )
+    return name
+
+
+def _shown(name: str) -> str:
+    """A charset name as an error message may quote it: ASCII, at most 40 characters."""
+    return name.encode("ascii", "backslashreplace").decode("ascii")[:40]
+
+
+#: Bytes of a body looked at at once while its values are counted: the count's own memory.
+_COUNT_CHUNK = 1 << 20
+
+
+def _values_over(raw: bytes, limit: int) -> bool:
+    """True when the JSON text ``raw`` holds more than ``limit`` values (array items and object members).
+
+    Counted on the bytes, outside strings: one per comma and per opening bracket,
+    plus one. An upper bound of it comes from three byte counts; only when that
+    bound is over ``limit`` are strings told apart, a chunk at a time, so the
+    count never copies more than :data:`_COUNT_CHUNK` bytes.
+    """
+    if raw.count(b",") + raw.count(b"[") + raw.count(b"{") + 1 <= limit:
+        return False
+    total, inside, start, size = 1, False, 0, len(raw)
+    while start < size:
+        end = min(start + _COUNT_CHUNK, size)
+        while end < size and raw[end - 1] == 0x5C:  # never split an escape sequence between chunks
+            end += 1
+        shape = raw[start:end].replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_COUNTED)
+        pieces = shape.split(b'"')
+        for piece in pieces[1 if inside else 0 :: 2]:  # the pieces outside strings
+            total += piece.count(b",") + piece.count(b"[") + piece.count(b"{")
+        inside ^= (len(pieces) - 1) % 2 == 1
+        if total > limit:
+            return True
+        start = end
+    return False
 
 
 def _content_length(request) -> int | None:

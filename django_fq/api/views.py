@@ -409,6 +409,8 @@ class BulkEnqueueView(FqAPIView):
     """Enqueue many jobs at once, all or nothing (``produce``)."""
 
     capabilities = {"POST": (PRODUCE,)}
+    #: The field a refusal for too many JSON values names: the envelopes make up the body.
+    values_field = "jobs"
 
     def max_body_bytes(self) -> int:
         return conf.max_bulk_body_bytes()

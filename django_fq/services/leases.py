@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -39,6 +40,8 @@ from ._base import (
 LONG_POLL_INTERVAL_S = 0.1
 #: Expired leases a claim handles for its own queue before it claims.
 CLAIM_REAP_BATCH = 100
+
+log = logging.getLogger("django_fq.services")
 
 
 # --- claim ---------------------------------------------------------------------------
@@ -79,17 +82,63 @@ def claim(
     worker = validation.worker_id(worker)
     validation.queue_name(queue)
     if not wait_ms:
-        return _claim_round(queue, count, visibility_ms, worker)
+        return _deliverable(queue, _claim_round(queue, count, visibility_ms, worker))
     give_up = time.monotonic() + wait_ms / 1000
     while True:
         mark = wakeup.listener().mark()
-        jobs = _claim_round(queue, count, visibility_ms, worker)
+        jobs = _deliverable(queue, _claim_round(queue, count, visibility_ms, worker))
         remaining = give_up - time.monotonic()
         if jobs or remaining <= 0:
             return jobs
         # Woken at once by an enqueue's NOTIFY on PostgreSQL; the short poll
         # also catches delayed jobs becoming eligible, and is all SQLite has.
         wakeup.listener().wait(mark, {queue}, min(LONG_POLL_INTERVAL_S, remaining))
+
+
+class _Undeliverable:
+    """Stands for the payload of a claimed job that cannot be handed out; ``reason`` says why."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _claimed_payload(text) -> Any:
+    """The payload of a claimed row, or :class:`_Undeliverable` when no face could read it back.
+
+    A row nesting deeper than ``MAX_JSON_DEPTH`` (stored before the bound, or by
+    raw SQL) is judged on its text, before decoding could exhaust the stack.
+    """
+    if isinstance(text, (str, bytes)) and validation.nests_deeper(text, validation.MAX_JSON_DEPTH):
+        return _Undeliverable(validation.too_deep_message("payload"))
+    try:
+        return load_json(text)
+    except (ValueError, RecursionError) as exc:
+        return _Undeliverable(f"payload is not valid JSON: {exc}")
+
+
+def _deliverable(queue: str, jobs: list[ClaimedJob]) -> list[ClaimedJob]:
+    """Drop the claimed jobs whose payload cannot be delivered, each made dead on its own.
+
+    One poison row must not fail the claim: the other jobs of the claim are
+    returned (and run) as usual (docs/reference/errors.md, "payload nests deeper").
+    """
+    if not any(isinstance(j.payload, _Undeliverable) for j in jobs):
+        return jobs
+    kept = []
+    for job in jobs:
+        if not isinstance(job.payload, _Undeliverable):
+            kept.append(job)
+            continue
+        reason = f"{job.payload.reason}: no worker or consumer can read it, so the job is dead without running"
+        try:
+            nack(queue, job.receipt, error=reason, permanent=True)
+        except FqError as exc:  # the lease ended meanwhile: its expiry brings the job back here
+            log.warning("claim: could not settle undeliverable job %s of %s: %s", job.id, queue, exc.code)
+            continue
+        log.warning("claim: job %s of %s is dead: %s", job.id, queue, reason)
+    return kept
 
 
 def _claim_round(queue: str, count: int, visibility_ms: int | None, worker: str) -> list[ClaimedJob]:
@@ -209,7 +258,7 @@ def _claim_pg(
             ClaimedJob(
                 id=uid,
                 queue=queue,
-                payload=load_json(payload),
+                payload=_claimed_payload(payload),
                 receipt=receipts.compose(uid, generation, pairs[rn - 1][0]),
                 deadline=deadline,
                 attempts=attempts,
@@ -305,7 +354,7 @@ def _claim_once(queue_id: int, queue: str, count: int, vis: int, worker: str, re
                 ClaimedJob(
                     id=r["uid"],
                     queue=queue,
-                    payload=load_json(r["payload"]),
+                    payload=_claimed_payload(r["payload"]),
                     receipt=receipt,
                     deadline=deadline,
                     attempts=r["attempts"],
