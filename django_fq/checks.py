@@ -59,6 +59,10 @@ def load_handlers() -> None:
             from .tasks.runner import register_configured
 
             register_configured()
+    except handlers.HandlerImportError as exc:
+        if isinstance(exc.__cause__, ImproperlyConfigured):  # django_fq.fq_handlers building a bad TASKS backend
+            raise HandlerLoadError(_one_line(exc.__cause__)) from exc
+        raise HandlerLoadError(f"cannot load the job handlers: {exc}") from exc
     except ImproperlyConfigured as exc:  # InvalidTaskBackend: its message starts with TASKS['alias']
         raise HandlerLoadError(_one_line(exc)) from exc
     except (ImportError, ValueError) as exc:

@@ -174,7 +174,10 @@ def test_a_handler_module_with_a_plain_bug_is_e006_under_deploy_and_never_a_trac
 
     assert plain.returncode == 0 and "Traceback" not in plain.stderr, plain.stderr[-1500:]
     assert deploy.returncode == 1 and "Traceback" not in deploy.stderr, deploy.stderr[-1500:]
-    assert "(django_fq.E006) cannot load the job handlers (fq_handlers modules, FQ_HANDLERS): NameError:" in deploy.stderr
+    assert (
+        "(django_fq.E006) cannot load the job handlers: module tests.checkapps.typoapp.fq_handlers, file "
+        f"{ROOT / 'tests' / 'checkapps' / 'typoapp' / 'fq_handlers.py'}, line 5: NameError:"
+    ) in deploy.stderr
     assert worker.returncode == 1 and "Traceback" not in worker.stderr, worker.stderr[-1500:]
     assert "NameError" in worker.stderr
 
