@@ -88,29 +88,32 @@ def autodiscover() -> None:
         except Exception as exc:
             if not module_has_submodule(app.module, "fq_handlers"):
                 continue  # the app has no handler module
-            raise HandlerImportError(_location(name, exc), exc, name) from exc
+            raise HandlerImportError(_location(name, exc)[0], exc, name) from exc
     for queue, path in getattr(settings, "FQ_HANDLERS", {}).items():
         try:
             fn = import_string(path)
         except Exception as exc:
             module = str(path).rpartition(".")[0]
             where = f"FQ_HANDLERS[{queue!r}] = {path!r}"
-            located = _location(module, exc) if module else ""
-            if located.count(",") == 2:  # the error is inside that module: say where
+            located, inside = _location(module, exc) if module else ("", False)
+            if inside:  # the error is inside that module: say where
                 where = f"{where} ({located})"
             raise HandlerImportError(where, exc, module) from exc
         handler(queue)(fn)
 
 
-def _location(module: str, exc: BaseException) -> str:
-    """``module M, file F, line N``: the last line of ``module`` in ``exc``'s traceback (or its ``SyntaxError``)."""
+def _location(module: str, exc: BaseException) -> tuple[str, bool]:
+    """``("module M, file F, line N", True)``: the last line of ``module`` in ``exc``'s traceback (or its ``SyntaxError``).
+
+    ``False`` with less text when the traceback never passes through that module's file.
+    """
     try:
         spec = importlib.util.find_spec(module)
     except Exception:  # noqa: BLE001 - a parent package that does not import: no file to name
         spec = None
     origin = getattr(spec, "origin", None)
     if not origin:
-        return f"module {module}"
+        return f"module {module}", False
     line = None
     if isinstance(exc, SyntaxError) and exc.filename == origin:
         line = exc.lineno
@@ -119,8 +122,8 @@ def _location(module: str, exc: BaseException) -> str:
             if frame.filename == origin:
                 line = frame.lineno
     if line is None:
-        return f"module {module} (file {origin})"
-    return f"module {module}, file {origin}, line {line}"
+        return f"module {module} (file {origin})", False
+    return f"module {module}, file {origin}, line {line}", True
 
 
 def get(queue: str) -> Callable | None:
