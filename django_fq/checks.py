@@ -13,6 +13,10 @@ django_fq.E005     a ``TASKS`` alias whose ``BACKEND`` is django-fq's cannot be 
 django_fq.E006     the job handlers cannot be loaded as ``fq_worker`` loads them (two
                    handlers for one queue, e.g. a Tasks queue that also has an
                    ``@handler``; a broken ``fq_handlers`` module or ``FQ_HANDLERS`` path)
+django_fq.E007     a django-fq ``TASKS`` backend while ``django_fq`` is not in
+                   ``INSTALLED_APPS`` (reported by the backend's ``check()``, which
+                   the Tasks framework runs)
+django_fq.E008     ``FQ_TASK_MODULES`` is not a list of dotted module names
 django_fq.W001     SQLite ``transaction_mode`` is not ``IMMEDIATE``: the caller's own
                    transactions that enqueue may fail with "database is locked"
 django_fq.W002     SQLite without an explicit busy timeout (``OPTIONS["timeout"]``)
@@ -30,7 +34,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from . import conf, handlers
+from . import conf, handlers, validation
 
 
 class HandlerLoadError(Exception):
@@ -55,6 +59,10 @@ def load_handlers() -> None:
             from .tasks.runner import register_configured
 
             register_configured()
+    except handlers.HandlerImportError as exc:
+        if isinstance(exc.__cause__, ImproperlyConfigured):  # django_fq.fq_handlers building a bad TASKS backend
+            raise HandlerLoadError(_one_line(exc.__cause__)) from exc
+        raise HandlerLoadError(f"cannot load the job handlers: {exc}") from exc
     except ImproperlyConfigured as exc:  # InvalidTaskBackend: its message starts with TASKS['alias']
         raise HandlerLoadError(_one_line(exc)) from exc
     except (ImportError, ValueError) as exc:
@@ -91,6 +99,16 @@ def check_settings(app_configs=None, **kwargs):
     metrics_queues = getattr(settings, "FQ_METRICS_MAX_QUEUES", 0)
     if isinstance(metrics_queues, bool) or not isinstance(metrics_queues, int) or metrics_queues < 0:
         errors.append(Error("FQ_METRICS_MAX_QUEUES must be an integer of at least 0.", id="django_fq.E003"))
+    if getattr(settings, "FQ_TASK_MODULES", None) is not None:
+        problem = validation.task_modules_problem(settings.FQ_TASK_MODULES)
+        if problem:
+            errors.append(
+                Error(
+                    f"{problem}.",
+                    hint="Workers refuse every Django task while it is wrong (see docs/security.md).",
+                    id="django_fq.E008",
+                )
+            )
     if conf.database() in settings.DATABASES:
         errors += _check_routing()
     db: dict[str, Any] = settings.DATABASES.get(conf.database(), {})

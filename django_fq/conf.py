@@ -17,6 +17,8 @@ setting                        default             meaning
 ``FQ_HANDLERS``                ``{}``              ``{queue: "dotted.path"}`` handlers, besides
                                                    ``@handler`` in ``fq_handlers`` modules
 ``FQ_SCHEDULE``                ``{}``              cron entries, see ``docs/periodic.md``
+``FQ_TASK_MODULES``            ``[]``              modules outside the installed apps that may
+                                                   hold Django Tasks (``django_fq.tasks.paths``)
 ``FQ_SYNCHRONOUS_SETTLE``      ``False``           PostgreSQL: when False, claim/ack/nack/
                                                    extend/release that django-fq commits
                                                    itself do not wait for the WAL flush

@@ -17,10 +17,13 @@ raising nacks it (text and traceback stored); raising
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import traceback
 from collections.abc import Callable
 
 from django.conf import settings
-from django.utils.module_loading import autodiscover_modules, import_string
+from django.utils.module_loading import import_string, module_has_submodule
 
 from . import validation
 
@@ -54,11 +57,73 @@ def handler(queue: str) -> Callable[[Callable], Callable]:
     return register
 
 
+class HandlerImportError(Exception):
+    """A handler module (or an ``FQ_HANDLERS`` path) raised while it was imported.
+
+    The message is one line: where (``module …, file …, line …`` — the last
+    line of that module the traceback passes through, or where a
+    ``SyntaxError`` is) and the exception (``NameError: …``). The original
+    exception is ``__cause__``; ``module`` is the module's dotted name.
+    """
+
+    def __init__(self, where: str, exc: BaseException, module: str):
+        text = " ".join(str(exc).split())
+        super().__init__(f"{where}: {type(exc).__name__}: {text}" if text else f"{where}: {type(exc).__name__}")
+        self.module = module
+
+
 def autodiscover() -> None:
-    """Import ``fq_handlers`` of every installed app and the ``FQ_HANDLERS`` setting's paths."""
-    autodiscover_modules("fq_handlers")
+    """Import ``fq_handlers`` of every installed app and the ``FQ_HANDLERS`` setting's paths.
+
+    Raises :class:`HandlerImportError` when a module raises at import (the
+    message names the module, its file and the line), ``ValueError`` when a
+    queue gets two handlers.
+    """
+    from django.apps import apps
+
+    for app in apps.get_app_configs():
+        name = f"{app.name}.fq_handlers"
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            if not module_has_submodule(app.module, "fq_handlers"):
+                continue  # the app has no handler module
+            raise HandlerImportError(_location(name, exc)[0], exc, name) from exc
     for queue, path in getattr(settings, "FQ_HANDLERS", {}).items():
-        handler(queue)(import_string(path))
+        try:
+            fn = import_string(path)
+        except Exception as exc:
+            module = str(path).rpartition(".")[0]
+            where = f"FQ_HANDLERS[{queue!r}] = {path!r}"
+            located, inside = _location(module, exc) if module else ("", False)
+            if inside:  # the error is inside that module: say where
+                where = f"{where} ({located})"
+            raise HandlerImportError(where, exc, module) from exc
+        handler(queue)(fn)
+
+
+def _location(module: str, exc: BaseException) -> tuple[str, bool]:
+    """``("module M, file F, line N", True)``: the last line of ``module`` in ``exc``'s traceback (or its ``SyntaxError``).
+
+    ``False`` with less text when the traceback never passes through that module's file.
+    """
+    try:
+        spec = importlib.util.find_spec(module)
+    except Exception:  # noqa: BLE001 - a parent package that does not import: no file to name
+        spec = None
+    origin = getattr(spec, "origin", None)
+    if not origin:
+        return f"module {module}", False
+    line = None
+    if isinstance(exc, SyntaxError) and exc.filename == origin:
+        line = exc.lineno
+    else:
+        for frame in traceback.extract_tb(exc.__traceback__):
+            if frame.filename == origin:
+                line = frame.lineno
+    if line is None:
+        return f"module {module} (file {origin})", False
+    return f"module {module}, file {origin}, line {line}", True
 
 
 def get(queue: str) -> Callable | None:

@@ -74,11 +74,14 @@ class EnqueueResult:
     """Outcome of one enqueue: the job id and whether this call created it.
 
     ``created`` is False when an idempotency token or unique key coalesced the
-    call onto an existing job, whose id is then returned.
+    call onto an existing job, whose id is then returned. ``enqueued_at`` is
+    the new job's enqueue time (epoch ms, database clock); ``None`` when the
+    call created no job.
     """
 
     id: str
     created: bool
+    enqueued_at: int | None = None
 
 
 @dataclass(frozen=True)

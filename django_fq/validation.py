@@ -33,6 +33,17 @@ QUEUE_NAME = re.compile(r"[A-Za-z0-9:._-]{1,200}")  # always used with fullmatch
 SECOND_MS = 1000
 HOUR_MS = 3600 * SECOND_MS
 DAY_MS = 24 * HOUR_MS
+#: Bounds of every queue policy field (SPEC §2), inclusive, in the field's unit
+#: (also ``services.queues.POLICY_BOUNDS``).
+POLICY_BOUNDS = {
+    "concurrency": (0, 100_000),
+    "max_attempts": (1, 1000),
+    "backoff_ms": (0, DAY_MS),
+    "max_backoff_ms": (0, 30 * DAY_MS),
+    "visibility_ms": (1, DAY_MS),
+    "idempotency_retention_ms": (1, 30 * DAY_MS),
+    "timeout_ms": (0, 7 * DAY_MS),
+}
 #: Longest enqueue delay, and furthest ``at`` from now: 10 years (SPEC §9).
 MAX_DELAY_MS = 3653 * DAY_MS
 #: Longest nack delay: 30 days (SPEC §9).
@@ -312,3 +323,21 @@ def _has_nul(value: object) -> bool:
         elif isinstance(v, float) and not math.isfinite(v):  # pragma: no cover - caught by allow_nan
             return True
     return False
+
+
+def dotted_name(name: str) -> bool:
+    """Whether ``name`` is a dotted Python name (``a``, ``a.b.c``; each part an identifier)."""
+    return all(part.isidentifier() for part in name.split("."))
+
+
+def task_modules_problem(value: object) -> str | None:
+    """Why ``value`` is not a valid ``FQ_TASK_MODULES`` setting, or ``None`` when it is.
+
+    A valid value is a list or tuple of dotted module names (see docs/security.md).
+    """
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        return "FQ_TASK_MODULES must be a list of module names, e.g. ['myproject.tasks']"
+    for item in value:
+        if not isinstance(item, str) or not dotted_name(item):
+            return f"FQ_TASK_MODULES must be a list of module names; {item!r} is not a dotted module name"
+    return None

@@ -52,5 +52,8 @@ else:
         }
     }
 
+# The test tasks live outside the installed apps; a worker runs tasks only from apps and these modules.
+FQ_TASK_MODULES = ["tests.tasks.sample", "tests.security.sample_tasks"]
+
 STATIC_URL = "/static/"
 LOGGING_CONFIG = None

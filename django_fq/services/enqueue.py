@@ -200,7 +200,7 @@ shard AS (
 ),
 wake AS (SELECT pg_notify(%s, %s) WHERE EXISTS (SELECT 1 FROM ins))
 SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM bump) + (SELECT count(*) FROM shard), (SELECT count(*) FROM wake),
-    (SELECT count(*) FROM q)
+    (SELECT count(*) FROM q), (SELECT t FROM c)
 """
 
 
@@ -244,10 +244,10 @@ def _insert_plain_pg(conn, queue: str, items: list[_Item]) -> tuple[list[Enqueue
     ]
     with db.hot_cursor(conn) as cur:
         cur.execute(sql, params)
-        inserted, _, _, found = cur.fetchone()
+        inserted, _, _, found, enqueued_at = cur.fetchone()
     if inserted != n:
         return None, bool(found)
-    return [EnqueueResult(uid, True) for uid in uids], True
+    return [EnqueueResult(uid, True, int(enqueued_at)) for uid in uids], True
 
 
 def _parse_item(index: int, raw, limit: int) -> _Item:
@@ -383,6 +383,8 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool) -> list[Enqueue
         with conn.cursor() as cur:
             cur.execute(f"UPDATE {TOKEN} SET job_uid = %s WHERE queue_id = %s AND token = %s", [target, q.id, token])
 
+    if new:  # the new jobs' enqueue times, as the database wrote them
+        results = [EnqueueResult(r.id, True, created[r.id]) if r.created else r for r in results]
     n_created = sum(1 for r in results if r.created)
     add_counters(conn, q.id, enqueued=n_created, deduplicated=len(items) - n_created, active=n_created)
     if n_created:
@@ -482,9 +484,9 @@ def _check_capacity(conn, queue_id: int, adding: int) -> None:
         raise QueueFull(f"queue full: {active} of {limit} jobs active (FQ_MAX_JOBS_PER_QUEUE)", field="queue")
 
 
-def _insert_jobs(conn, now, queue_id, pol, items, uids, indexes) -> set[str]:
-    """Insert the jobs of ``indexes``; return the uids actually inserted (unique-key conflicts skip)."""
-    created: set[str] = set()
+def _insert_jobs(conn, now, queue_id, pol, items, uids, indexes) -> dict[str, int]:
+    """Insert the jobs of ``indexes``; return ``{uid: enqueued_at}`` of those inserted (unique-key conflicts skip)."""
+    created: dict[str, int] = {}
     for start in range(0, len(indexes), _CHUNK):
         rows, params = [], []
         for i in indexes[start : start + _CHUNK]:
@@ -511,8 +513,8 @@ def _insert_jobs(conn, now, queue_id, pol, items, uids, indexes) -> set[str]:
                 f"WITH c AS (SELECT {now} AS t) INSERT INTO {JOB} (uid, queue_id, state, priority, run_at, "
                 f"enqueued_at, changed_at, attempts, max_attempts, generation, timeout_ms, payload, payload_size, "
                 f"last_error, errors, unique_key, idempotency, worker) VALUES {', '.join(rows)} "
-                f"ON CONFLICT DO NOTHING RETURNING uid",
+                f"ON CONFLICT DO NOTHING RETURNING uid, enqueued_at",
                 params,
             )
-            created.update(r[0] for r in cur.fetchall())
+            created.update((r[0], int(r[1])) for r in cur.fetchall())
     return created

@@ -18,17 +18,8 @@ from ._base import (
     policy_of,
 )
 
-DAY = validation.DAY_MS
-#: Bounds of every policy field (SPEC §2), inclusive, in the field's unit.
-POLICY_BOUNDS = {
-    "concurrency": (0, 100_000),
-    "max_attempts": (1, 1000),
-    "backoff_ms": (0, DAY),
-    "max_backoff_ms": (0, 30 * DAY),
-    "visibility_ms": (1, DAY),
-    "idempotency_retention_ms": (1, 30 * DAY),
-    "timeout_ms": (0, 7 * DAY),
-}
+#: Bounds of every policy field; defined in ``validation`` so that modules without models can use them.
+POLICY_BOUNDS = validation.POLICY_BOUNDS
 
 
 def configure(queue: str, **changes: int) -> QueuePolicy:

@@ -20,15 +20,20 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from django.conf import settings
+from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, transaction
-from django.utils.module_loading import import_string
 
 from .. import conf, validation
-from .. import services as fq
 from ..exceptions import InvalidArgument, JobNotFound, QueueNotFound
-from ..services.queues import POLICY_BOUNDS
+from ..validation import POLICY_BOUNDS
 from . import _compat as tasks
+from . import paths
 from .history import attempt_history
+
+# django_fq.services (and with it the models) is imported on first use, never when this module
+# or a backend is built: without "django_fq" in INSTALLED_APPS, importing the models raises a
+# RuntimeError that would hide the system check django_fq.E007 (see FqBackend.check).
 
 #: Per-task options, accepted by ``@task(...)`` (``FqTask`` fields), ``FqTask.using()``,
 #: backend ``OPTIONS`` (defaults for every task) and ``OPTIONS["tasks"][path]``.
@@ -66,6 +71,15 @@ _RESULT_STATE = (
 def to_datetime(ms: int | None) -> dt.datetime | None:
     """An aware UTC datetime from epoch milliseconds (exact: no float rounding)."""
     return None if ms is None else _EPOCH + dt.timedelta(milliseconds=ms)
+
+
+def fq_installed() -> bool:
+    """Whether ``django_fq`` is an installed app (read from the settings while the app registry loads)."""
+    from django.apps import apps
+
+    if apps.apps_ready:
+        return apps.is_installed("django_fq")
+    return any(str(app) == "django_fq" or str(app).startswith("django_fq.") for app in settings.INSTALLED_APPS)
 
 
 def is_task_payload(payload: object) -> bool:
@@ -216,6 +230,34 @@ class FqBackend(tasks.BaseTaskBackend):
         from .runner import register_backend
 
         register_backend(self, strict=False)
+        if not fq_installed():
+            # FqBackend.check() reports it (django_fq.E007); the backport registers its backend
+            # checks only when its app is installed, so make sure they run.
+            import importlib
+
+            importlib.import_module(f"{tasks.FRAMEWORK}.checks")
+
+    def check(self, **kwargs):
+        """System check of the backend, run by the Tasks framework: ``django_fq.E007`` without the app."""
+        if fq_installed():
+            return []
+        return [
+            checks.Error(
+                f"TASKS[{self.alias!r}] uses django_fq.tasks.FqBackend, but 'django_fq' is not in INSTALLED_APPS.",
+                hint="add 'django_fq' to INSTALLED_APPS (its models hold the jobs), then run migrate.",
+                id="django_fq.E007",
+            )
+        ]
+
+    def _fq(self):
+        """:mod:`django_fq.services`; ``InvalidTaskBackend`` (the E007 text) when the app is not installed."""
+        if not fq_installed():
+            raise tasks.InvalidTaskBackend(
+                f"TASKS[{self.alias!r}]: 'django_fq' is not in INSTALLED_APPS; add 'django_fq' to INSTALLED_APPS"
+            )
+        from .. import services
+
+        return services
 
     @staticmethod
     def _checked(options: Mapping, where: str, *, strict: bool = False) -> dict:
@@ -258,12 +300,27 @@ class FqBackend(tasks.BaseTaskBackend):
         """Store the task as an fq job (in the caller's transaction) and return its ``TaskResult``.
 
         ``args``/``kwargs`` must be JSON (Django's normalisation applies:
-        tuples become lists). A job coalesced onto an existing one by an
-        idempotency token or unique key returns that job's result and does
-        not send ``task_enqueued``. With ``enqueue_on_commit`` the job is
-        written when the transaction commits, see :meth:`_enqueue_on_commit`.
+        tuples become lists). A new job's result is built from what the
+        enqueue wrote, without reading the job back (a worker may claim it at
+        once): status ``READY``, the job id, ``enqueued_at`` from the database
+        clock. A job coalesced onto an existing one by an idempotency token
+        or unique key returns that job's result (read from the database) and
+        does not send ``task_enqueued``. With ``enqueue_on_commit`` the job
+        is written when the transaction commits, see
+        :meth:`_enqueue_on_commit`.
+
+        Raises ``InvalidTask`` for a task a worker would refuse to run: one
+        whose module is neither inside an installed app nor listed in
+        ``FQ_TASK_MODULES`` (see docs/tasks.md).
         """
         self.validate_task(task)
+        try:
+            paths.split(task.module_path)
+        except paths.TaskRefused as exc:
+            raise tasks.InvalidTask(
+                f"{task.module_path}: {exc.reason}: no worker would run it; put the task in an installed app "
+                f"or add its module to {paths.SETTING} (see docs/tasks.md)"
+            ) from None
         args = tasks.normalize_json(list(args))
         kwargs = tasks.normalize_json(dict(kwargs))
         queue = self.fq_queues[task.queue_name]
@@ -281,10 +338,30 @@ class FqBackend(tasks.BaseTaskBackend):
         options = self._job_options(task, args, kwargs)
         if self.enqueue_on_commit is not None:
             return self._enqueue_on_commit(task, queue, payload, options)
+        fq = self._fq()
         created = fq.enqueue(queue, payload, priority=task.priority, at=task.run_after, **options)
-        result = self.result_from_job(fq.get(queue, created.id), task=task if created.created else None)
-        if created.created:
-            tasks.task_enqueued.send(type(self), task_result=result)
+        if not created.created:
+            return self.result_from_job(fq.get(queue, created.id))
+        result = self._new_result(task, created, payload)
+        tasks.task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def _new_result(self, task, created, payload: dict):
+        """The ``TaskResult`` of a job this backend has just created (``READY``), from the enqueue's own answer."""
+        result: tasks.TaskResult[Any, Any] = tasks.TaskResult(
+            task=task,
+            id=created.id,
+            status=tasks.TaskResultStatus.READY,
+            enqueued_at=to_datetime(created.enqueued_at),
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=payload["args"],
+            kwargs=payload["kwargs"],
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
         return result
 
     def _job_options(self, task, args: list, kwargs: dict) -> dict:
@@ -306,8 +383,10 @@ class FqBackend(tasks.BaseTaskBackend):
         (the task's own, or a fresh random one). :meth:`get_result` resolves
         it while the token lives (the queue's ``idempotency_retention_ms``).
         At commit the same object is updated in place: its ``id`` becomes the
-        job id, which stays valid for the job's life. A rollback discards the
-        enqueue; nothing is written.
+        job id, which stays valid for the job's life, and ``enqueued_at`` is
+        set; its status stays ``READY`` (a coalesced enqueue takes the
+        existing job's state). A rollback discards the enqueue; nothing is
+        written.
         """
         token = options.get("idempotency") or secrets.token_hex(16)
         options = {**options, "idempotency": token}
@@ -327,8 +406,12 @@ class FqBackend(tasks.BaseTaskBackend):
         )
 
         def write():
+            fq = self._fq()
             created = fq.enqueue(queue, payload, priority=task.priority, at=task.run_after, **options)
-            fresh = self.result_from_job(fq.get(queue, created.id), task=task)
+            if created.created:
+                fresh = self._new_result(task, created, payload)
+            else:
+                fresh = self.result_from_job(fq.get(queue, created.id), task=task)
             for name in _RESULT_STATE:
                 object.__setattr__(result, name, getattr(fresh, name))
             if created.created:
@@ -347,6 +430,7 @@ class FqBackend(tasks.BaseTaskBackend):
         """
         if not isinstance(result_id, str) or not result_id:
             raise tasks.TaskResultDoesNotExist(result_id)
+        fq = self._fq()
         for queue in self.fq_queues.values():
             try:
                 return self.result_from_job(fq.get(queue, result_id))
@@ -372,37 +456,43 @@ class FqBackend(tasks.BaseTaskBackend):
         if row is None:
             return None
         try:
-            return fq.get(row[0], row[1])
+            return self._fq().get(row[0], row[1])
         except (QueueNotFound, JobNotFound):
             return None
 
-    def load_task(self, payload: dict):
-        """The ``Task`` a job payload names, as it was enqueued (priority, queue, run_after, backend)."""
-        target = import_string(payload["task"])
-        if isinstance(target, tasks.Task):
-            base = target
-        elif callable(target):  # a plain function whose Task object lives under another name
-            base = self.task_class(
-                func=target,
-                backend=payload["backend"],
-                queue_name=payload.get("queue_name", next(iter(self.queues))),
-                takes_context=bool(payload.get("takes_context")),
-            )
-        else:
-            raise ValueError(f"{payload['task']!r} is not a task")
-        run_after = payload.get("run_after")
-        changes = {
-            "priority": payload.get("priority", base.priority),
-            "queue_name": payload.get("queue_name", base.queue_name),
-            "backend": payload["backend"],
-            "run_after": None if run_after is None else dt.datetime.fromisoformat(run_after),
-        }
-        if all(getattr(base, k) == v for k, v in changes.items()):
-            return base
+    def load_task(self, payload: dict, fq_queue: str | None = None):
+        """The ``Task`` a job payload names, as it was enqueued (priority, run_after).
+
+        The payload only *names* a task: :func:`django_fq.tasks.paths.resolve`
+        imports only modules of installed apps and ``FQ_TASK_MODULES``, and
+        accepts only ``Task`` objects, so no payload picks other code. The
+        task's backend is this one, and its ``queue_name`` the one of
+        ``fq_queue`` (the job's real queue) when given; ``takes_context``
+        and the function always come from the ``Task`` itself.
+
+        Raises :class:`~django_fq.tasks.paths.TaskRefused` for a path that is
+        not a task a worker may run, ``ImportError`` when its module or
+        attribute is missing.
+        """
+        base = paths.resolve(payload["task"])
+        by_fq_queue = {fq_name: name for name, fq_name in self.fq_queues.items()}
+        queue_name = by_fq_queue.get(fq_queue or "")
+        if queue_name is None:
+            named = payload.get("queue_name")
+            queue_name = named if isinstance(named, str) and named in self.queues else base.queue_name
         try:
+            run_after = payload.get("run_after")
+            changes = {
+                "priority": payload.get("priority", base.priority),
+                "queue_name": queue_name,
+                "backend": self.alias,
+                "run_after": None if run_after is None else dt.datetime.fromisoformat(run_after),
+            }
+            if all(getattr(base, k) == v for k, v in changes.items()):
+                return base
             return dataclasses.replace(base, **changes)
-        except (tasks.InvalidTask, tasks.InvalidTaskBackend):
-            return base  # the configuration changed since; still report the task
+        except (tasks.InvalidTask, tasks.InvalidTaskBackend, TypeError, ValueError):
+            return base  # the configuration changed since, or a field was edited: still report the task
 
     def result_from_job(self, info, *, task=None):
         """A ``TaskResult`` built from a job's :class:`~django_fq.types.JobInfo` (fetched with payload).
@@ -415,7 +505,10 @@ class FqBackend(tasks.BaseTaskBackend):
         if not is_task_payload(payload):
             raise tasks.TaskResultDoesNotExist(info.id)
         if task is None:
-            task = self.load_task(payload)
+            try:
+                task = self.load_task(payload, info.queue)
+            except paths.TaskRefused as exc:  # not a task this project defines: no result of ours
+                raise tasks.TaskResultDoesNotExist(f"{info.id}: {exc}") from None
         errors, worker_ids = attempt_history(info)
         claimed = to_datetime(info.claimed_at)
         finished = None
@@ -431,7 +524,7 @@ class FqBackend(tasks.BaseTaskBackend):
             last_attempted_at=claimed,
             args=payload["args"],
             kwargs=payload["kwargs"],
-            backend=payload["backend"],
+            backend=self.alias,
             errors=errors,
             worker_ids=worker_ids,
         )

@@ -7,6 +7,12 @@ alias in ``TASKS``. Creating a backend registers it too.
 
 One run of :func:`run_task`:
 
+0. checks what the payload names before anything runs: the ``backend``
+   must be a django-fq alias of ``TASKS`` that serves the job's queue, and
+   the ``task`` a ``Task`` in a module of an installed app or of
+   ``FQ_TASK_MODULES`` (:mod:`django_fq.tasks.paths`); anything else raises
+   :class:`django_fq.PermanentFailure`, so the job is dead at once and
+   nothing the payload named was imported or called;
 1. reads the job (for the worker id and the history of earlier attempts) and
    builds the ``TaskResult`` (status RUNNING);
 2. sends ``task_started``;
@@ -33,9 +39,9 @@ from typing import cast
 from django.utils.module_loading import import_string
 
 from .. import handlers, validation
-from .. import services as fq
 from ..exceptions import PermanentFailure
 from . import _compat as tasks
+from . import paths
 from .backend import FqBackend, is_task_payload
 from .errors import class_path
 from .history import NOTE_PREFIX, exception_note
@@ -45,15 +51,17 @@ log = logging.getLogger("django_fq.tasks")
 
 def run_task(job):
     """Handler of the Tasks queues: run the task a job's payload names (see the module docstring)."""
+    from .. import services as fq  # not at import: see django_fq.tasks.backend
+
     payload = job.payload
     if not is_task_payload(payload):
         raise PermanentFailure(f"job {job.id} on queue {job.queue} is not a Django Tasks job (no task payload)")
-    backend = tasks.task_backends[payload["backend"]]
-    if not getattr(backend, "is_fq_backend", False):
-        raise RuntimeError(f"TASKS[{payload['backend']!r}] is not a django-fq backend")
-    backend = cast(FqBackend, backend)
+    backend = _backend_of(job.queue, payload["backend"])
+    try:
+        task = backend.load_task(payload, job.queue)
+    except paths.TaskRefused as exc:
+        raise PermanentFailure(str(exc)) from None
     info = fq.get(job.queue, job.id)
-    task = backend.load_task(payload)
     result = backend.result_from_job(info, task=task)
     attempts = int(getattr(job, "attempts", info.attempts) or info.attempts)
     max_attempts = int(getattr(job, "max_attempts", info.max_attempts) or info.max_attempts)
@@ -81,6 +89,23 @@ def run_task(job):
     object.__setattr__(result, "_return_value", value)
     _finished(backend, result)
     return value
+
+
+def _backend_of(fq_queue: str, alias: str) -> FqBackend:
+    """The django-fq backend ``alias`` of ``TASKS`` when it serves ``fq_queue``; else ``PermanentFailure``.
+
+    The alias comes from the payload, so it is looked up only among the
+    aliases the settings give a django-fq backend: a payload never makes the
+    worker build some other backend.
+    """
+    from django.conf import settings
+
+    if alias not in fq_backend_aliases(getattr(settings, "TASKS", None)):
+        raise PermanentFailure(f"the job names the Tasks backend {alias[:200]!r}, which is not a django-fq alias of TASKS")
+    backend = cast(FqBackend, tasks.task_backends[alias])
+    if fq_queue not in backend.fq_queues.values():
+        raise PermanentFailure(f"the job names the Tasks backend {alias!r}, which does not serve the queue {fq_queue!r}")
+    return backend
 
 
 def _fit_attempts(result, attempts: int) -> None:

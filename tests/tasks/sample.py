@@ -111,3 +111,11 @@ def per_user(user_id, note=""):
 
 def not_a_task():
     return None
+
+
+def _renamed_function(n):
+    return n * 2
+
+
+#: A ``Task`` kept under another name than its function: its path is ``tests.tasks.sample._renamed_function``.
+renamed = task(_renamed_function)

@@ -498,3 +498,60 @@ def test_task_enqueued_fires_once_per_new_job(backend, signals):
 
     assert [(s[0], s[1], s[2]) for s in signals] == [("enqueued", result.id, "READY")]
     assert signals[0][4] is FqBackend
+
+
+# --- a worker may claim the job before enqueue() returns ----------------------------------------
+
+
+@pytest.fixture
+def claim_right_after_enqueue(monkeypatch):
+    """Every ``services.enqueue`` is followed at once by a worker's claim of the job, as a racing worker would."""
+    import django_fq.services
+
+    real = django_fq.services.enqueue
+    claimed: list[str] = []
+
+    def enqueue_then_claim(queue, payload, **options):
+        created = real(queue, payload, **options)
+        claimed.extend(job.id for job in fq.claim(queue, worker="racer"))
+        return created
+
+    monkeypatch.setattr(django_fq.services, "enqueue", enqueue_then_claim)
+    return claimed
+
+
+def test_enqueue_returns_ready_even_when_a_worker_claimed_the_job_at_once(backend, signals, claim_right_after_enqueue):
+    result = sample.add.enqueue(1, 2)
+
+    assert claim_right_after_enqueue == [result.id]
+    assert fq.get(Q, result.id).state == "running"  # the worker has it already
+    assert result.status == TaskResultStatus.READY  # as docs/tasks.md says: what the enqueue did
+    assert result.started_at is None and result.worker_ids == []
+    assert result.enqueued_at == to_datetime(fq.get(Q, result.id).enqueued_at)
+    assert [(s[0], s[1], s[2]) for s in signals] == [("enqueued", result.id, "READY")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_on_commit_stays_ready_when_a_worker_claims_at_commit(signals, claim_right_after_enqueue):
+    with transaction.atomic():
+        result = sample.add.using(backend="oncommit").enqueue(3, 4)
+
+    assert claim_right_after_enqueue == [result.id]
+    assert fq.get(OC, result.id).state == "running"
+    assert result.status == TaskResultStatus.READY
+    assert result.enqueued_at == to_datetime(fq.get(OC, result.id).enqueued_at)
+    assert [(s[0], s[1], s[2]) for s in signals] == [("enqueued", result.id, "READY")]
+
+
+def test_enqueue_reads_nothing_back(backend):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    sample.add.enqueue(0, 0)  # the queue exists now (and is known to this process)
+    fq.enqueue(Q, {"warm": 1})
+    with CaptureQueriesContext(connection) as plain:
+        fq.enqueue(Q, {"n": 1})
+    with CaptureQueriesContext(connection) as through_tasks:
+        sample.add.enqueue(1, 1)
+
+    assert len(through_tasks) == len(plain)

@@ -174,7 +174,10 @@ def test_a_handler_module_with_a_plain_bug_is_e006_under_deploy_and_never_a_trac
 
     assert plain.returncode == 0 and "Traceback" not in plain.stderr, plain.stderr[-1500:]
     assert deploy.returncode == 1 and "Traceback" not in deploy.stderr, deploy.stderr[-1500:]
-    assert "(django_fq.E006) cannot load the job handlers (fq_handlers modules, FQ_HANDLERS): NameError:" in deploy.stderr
+    assert (
+        "(django_fq.E006) cannot load the job handlers: module tests.checkapps.typoapp.fq_handlers, file "
+        f"{ROOT / 'tests' / 'checkapps' / 'typoapp' / 'fq_handlers.py'}, line 5: NameError:"
+    ) in deploy.stderr
     assert worker.returncode == 1 and "Traceback" not in worker.stderr, worker.stderr[-1500:]
     assert "NameError" in worker.stderr
 
@@ -192,3 +195,32 @@ def test_an_option_out_of_range_says_its_range_once():
 
     assert str(out_of_range.value) == "tests.tasks.sample.add: max_attempts must be between 1 and 1000"
     assert str(not_an_int.value) == "tests.tasks.sample.add: max_attempts must be an integer (1–1000)"
+
+
+# --- E007: a django-fq backend without the django_fq app ------------------------------------------
+
+
+def test_a_backend_without_django_fq_installed_is_e007_with_a_hint_not_a_crash():
+    """The backend is built while Django sets up (an app's models import its tasks): no RuntimeError."""
+    checked = _manage("check", settings="tests.checkapps.settings_no_fq")
+
+    assert checked.returncode == 1, checked.stderr[-1500:]
+    assert "Traceback" not in checked.stderr and "RuntimeError" not in checked.stderr, checked.stderr[-1500:]
+    assert (
+        "(django_fq.E007) TASKS['default'] uses django_fq.tasks.FqBackend, but 'django_fq' is not in INSTALLED_APPS."
+    ) in checked.stderr
+    assert "HINT: add 'django_fq' to INSTALLED_APPS" in checked.stderr
+
+    enqueued = _manage(
+        "shell", "-c", "from tests.checkapps.taskapp.tasks import ping; ping.enqueue()",
+        settings="tests.checkapps.settings_no_fq",
+    )
+    assert enqueued.returncode == 1
+    assert enqueued.stderr.strip().splitlines()[-1].endswith(
+        "TASKS['default']: 'django_fq' is not in INSTALLED_APPS; add 'django_fq' to INSTALLED_APPS"
+    )
+    assert "RuntimeError" not in enqueued.stderr
+
+
+def test_the_test_settings_have_no_e007(backend):
+    assert backend.check() == []
