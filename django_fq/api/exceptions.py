@@ -32,7 +32,6 @@ from rest_framework.views import set_rollback
 
 from ..exceptions import FqError
 
-
 #: Seconds a client is told to wait (``Retry-After``) when the database is unavailable.
 RETRY_AFTER_S = 1
 #: SQLSTATE classes of PostgreSQL that mean "no usable connection now": 08 connection

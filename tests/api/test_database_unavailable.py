@@ -13,7 +13,7 @@ import contextlib
 import socket
 
 import pytest
-from django.db import OperationalError, connections
+from django.db import DatabaseError, OperationalError, connections
 
 from django_fq import conf
 from django_fq import services as fq
@@ -124,9 +124,8 @@ def test_a_database_error_that_is_not_about_availability_stays_a_500(db):
     """Only refusals map to 503: a bug (bad SQL, a missing table) must not pass for a busy database."""
     conn = connections[conf.database()]
     for sql in ("SELEC 1", "SELECT * FROM fq_no_such_table"):
-        with pytest.raises(Exception) as caught:
-            with conn.cursor() as cur:
-                cur.execute(sql)
+        with pytest.raises(DatabaseError) as caught, conn.cursor() as cur:
+            cur.execute(sql)
         assert not database_unavailable(caught.value), caught.value
     assert database_unavailable(OperationalError("no cause")) is False
 
