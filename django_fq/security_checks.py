@@ -66,7 +66,7 @@ def check_api_settings(app_configs=None, **kwargs):
     if hasattr(settings, "FQ_API_CREATE_QUEUES"):
         from .api.conf import CREATE_QUEUES_CHOICES
 
-        value = getattr(settings, "FQ_API_CREATE_QUEUES")
+        value = getattr(settings, "FQ_API_CREATE_QUEUES", None)
         if value not in CREATE_QUEUES_CHOICES:
             errors.append(
                 Error(
