@@ -146,7 +146,7 @@ class FqAPIView(APIView):
         that type without a CORS preflight, so with HTTP Basic (which has no
         CSRF token) it cannot retry or cancel jobs on a user's behalf. The
         check runs after the permission check, so a denied request still gets
-        401/403. See docs/security.md ("Cross-site requests").
+        401/403. See docs/security.md ("Cross-site requests cannot write").
         """
         super().initial(request, *args, **kwargs)
         method = request.method.upper()

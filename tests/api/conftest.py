@@ -29,7 +29,7 @@ class Client(APIClient):
     """DRF's test client, JSON by default, checking each response against the schema.
 
     A write without a body still says ``Content-Type: application/json``, as the
-    API requires of every write (docs/security.md, "Cross-site requests").
+    API requires of every write (docs/security.md, "Cross-site requests cannot write").
     """
 
     default_format = "json"
