@@ -16,6 +16,7 @@ from .exceptions import (  # noqa: F401  (re-exported)
     QueueFull,
     QueueNotFound,
     ReceiptCancelled,
+    TooManyQueues,
     WaitTimeout,
 )
 

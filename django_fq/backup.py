@@ -75,9 +75,19 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Case, F, Field, Value, When
 
 from . import conf, db, validation
-from .exceptions import FqError, InvalidArgument, InvalidBackup, QueueNotFound
+from .exceptions import FqError, InvalidArgument, InvalidBackup, QueueNotFound, TooManyQueues
 from .models import IdempotencyToken, Job, Queue
-from .services._base import JOB, QUEUE, TOKEN, add_counters, append_history, counter_sums, history_entry, manager
+from .services._base import (
+    JOB,
+    QUEUE,
+    TOKEN,
+    add_counters,
+    append_history,
+    check_room_for_a_queue,
+    counter_sums,
+    history_entry,
+    manager,
+)
 from .services.queues import POLICY_BOUNDS
 from .types import TIMING_NAMES, TOTAL_NAMES, QueuePolicy
 
@@ -666,12 +676,15 @@ class _Importer:
         if existing is None:
             try:
                 with transaction.atomic(using=conn.alias):
+                    check_room_for_a_queue(conn, name)  # FQ_MAX_QUEUES, as every other way of creating one
                     q = manager(Queue).create(
                         name=name, created_at=created_at if created_at is not None else db.DbNow(), **merged
                     )
                 existing, created = q.id, True
             except IntegrityError:  # created concurrently: it is an existing queue now
                 existing = _find_queue(name)
+            except TooManyQueues as exc:
+                raise line.error(exc.message, "name") from None
         if existing is None:
             raise line.error(f"queue {name} was deleted while the import ran; nothing was imported", "name")
         if conn.vendor == "postgresql":

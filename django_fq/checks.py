@@ -92,7 +92,7 @@ def check_settings(app_configs=None, **kwargs):
         )
     if conf.database() not in settings.DATABASES:
         errors.append(Error(f"FQ_DATABASE={conf.database()!r} is not in DATABASES.", id="django_fq.E002"))
-    for name in ("FQ_MAX_JOBS_PER_QUEUE", "FQ_MAX_TOKENS_PER_QUEUE", "FQ_FINISHED_RETENTION_MS"):
+    for name in ("FQ_MAX_JOBS_PER_QUEUE", "FQ_MAX_TOKENS_PER_QUEUE", "FQ_MAX_QUEUES", "FQ_FINISHED_RETENTION_MS"):
         value = conf.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             errors.append(Error(f"{name} must be a positive integer.", id="django_fq.E003"))

@@ -13,6 +13,8 @@ setting                        default             meaning
 ``FQ_MAX_JOBS_PER_QUEUE``      1,000,000           scheduled + ready + running jobs per queue
 ``FQ_MAX_TOKENS_PER_QUEUE``    1,000,000           idempotency token rows per queue (expired
                                                    rows count until pruned)
+``FQ_MAX_QUEUES``              10,000              queues the database may hold; creating one
+                                                   more fails with ``too_many_queues``
 ``FQ_FINISHED_RETENTION_MS``   7 days              succeeded/cancelled jobs are pruned after this
 ``FQ_HANDLERS``                ``{}``              ``{queue: "dotted.path"}`` handlers, besides
                                                    ``@handler`` in ``fq_handlers`` modules
@@ -44,6 +46,7 @@ DEFAULTS = {
     "FQ_MAX_PAYLOAD_BYTES": 1 * MIB,
     "FQ_MAX_JOBS_PER_QUEUE": 1_000_000,
     "FQ_MAX_TOKENS_PER_QUEUE": 1_000_000,
+    "FQ_MAX_QUEUES": 10_000,
     "FQ_FINISHED_RETENTION_MS": 7 * 24 * 3600 * 1000,
     "FQ_TEST_CLOCK_OFFSET_MS": 0,
     "FQ_SYNCHRONOUS_SETTLE": False,
@@ -68,3 +71,8 @@ def max_payload_bytes() -> int:
 def clock_offset_ms() -> int:
     """Test-only shift of the database clock in milliseconds (``FQ_TEST_CLOCK_OFFSET_MS``)."""
     return int(get("FQ_TEST_CLOCK_OFFSET_MS"))
+
+
+def max_queues() -> int:
+    """Most queues the database may hold (``FQ_MAX_QUEUES``); creating one more raises ``TooManyQueues``."""
+    return int(get("FQ_MAX_QUEUES"))

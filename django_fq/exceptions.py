@@ -169,6 +169,16 @@ class QueueFull(FqError):
     status = 429
 
 
+class TooManyQueues(FqError):
+    """Creating one more queue would pass ``FQ_MAX_QUEUES`` (field ``queue``; ``extra``: ``limit``).
+
+    Nothing is created or enqueued. Delete unused queues, or raise the setting.
+    """
+
+    code = "too_many_queues"
+    status = 409
+
+
 class WaitTimeout(FqError):
     """The job did not finish within the wait."""
 

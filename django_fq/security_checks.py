@@ -4,7 +4,8 @@
 id                 tag       meaning
 =================  ========  ===========================================================
 django_fq.E020     (always)  an ``FQ_API_*`` size or count setting is not a positive
-                             integer: every request of the REST API would fail with a 500
+                             integer: every request of the REST API would fail with a 500;
+                             or ``FQ_API_CREATE_QUEUES`` is not ``"manage"``/``"produce"``
 django_fq.W010     deploy    ``DEBUG`` is on while the REST API is mounted: error pages
                              show the local variables of every frame (receipts, payloads)
                              and every SQL statement is kept with its parameters
@@ -60,6 +61,19 @@ def check_api_settings(app_configs=None, **kwargs):
                 Error(
                     f"{name} must be a positive integer, not {value!r}.",
                     hint="Every request of the django-fq REST API reads it; remove it to use the default.",
+                    id="django_fq.E020",
+                )
+            )
+    if hasattr(settings, "FQ_API_CREATE_QUEUES"):
+        from .api.conf import CREATE_QUEUES_CHOICES
+
+        value = getattr(settings, "FQ_API_CREATE_QUEUES", None)
+        if value not in CREATE_QUEUES_CHOICES:
+            errors.append(
+                Error(
+                    f'FQ_API_CREATE_QUEUES must be "manage" or "produce", not {value!r}.',
+                    hint="It names the capability a REST user needs to create a queue by enqueueing to it; "
+                    'until it is fixed "manage" applies.',
                     id="django_fq.E020",
                 )
             )

@@ -98,3 +98,50 @@ def test_curl_u_with_a_wrong_password_gets_403_as_the_rest_docs_say(client, sett
     text = _prose("docs/rest-api.md")
     auth = text[text.index("## Authentication and permissions") : text.index("## Endpoints")]
     assert "wrong password gets 403, not 401" in auth
+
+
+@pytest.fixture
+def team_queues_from_the_docs(settings):
+    """The per-queue permission example of docs/rest-api.md, copied verbatim, importable by its dotted path."""
+    import sys
+    import types
+
+    text = _text("docs/rest-api.md")
+    [block] = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "class TeamQueues" in b]
+    module = types.ModuleType("tests._docs_fq_permissions")
+    exec(compile(block, "docs/rest-api.md", "exec"), module.__dict__)  # the doc's own code, verbatim
+    sys.modules[module.__name__] = module
+    settings.ROOT_URLCONF = "tests.api.urls"
+    settings.FQ_API_PERMISSION_CLASSES = [f"{module.__name__}.TeamQueues"]
+    assert module.FQ_API_PERMISSION_CLASSES == ["myproject.fq_permissions.TeamQueues"]  # the doc's settings line
+    yield module
+    del sys.modules[module.__name__]
+
+
+@pytest.mark.django_db
+def test_the_per_queue_permission_example_limits_a_user_to_its_teams_queues(team_queues_from_the_docs):
+    from django.contrib.auth.models import Group
+
+    from tests.api.conftest import Client, make_user, url
+
+    for name in ("alpha:mail", "alpha:sms", "beta:mail"):
+        fq.enqueue(name, {"for": name})
+    user = make_user("produce", "manage")
+    user.groups.add(Group.objects.create(name="alpha"))
+    client = Client()
+    client.force_authenticate(user)
+
+    listed = client.get(url("queues"))
+    assert listed.status_code == 200
+    assert [q["name"] for q in listed.json()] == ["alpha:mail", "alpha:sms"]  # beta's queue and counts stay hidden
+    assert client.get(url("stats", "alpha:mail")).status_code == 200
+    for r in (client.get(url("stats", "beta:mail")), client.post(url("jobs", "beta:mail"), {"payload": 1})):
+        assert (r.status_code, r.json()["code"]) == (403, "permission_denied")
+        message = r.json()["message"]
+        # The refusal says what is missing (this queue), not "requires django_fq.manage", which the user holds.
+        assert "does not extend to the queue beta:mail" in message and "requires" not in message
+    # A user without the Django permission is told which one it lacks.
+    plain = Client()
+    plain.force_authenticate(make_user())
+    r = plain.get(url("stats", "alpha:mail"))
+    assert "requires the permission django_fq.manage" in r.json()["message"]

@@ -10,7 +10,8 @@
 Every endpoint mirrors a verb of :mod:`django_fq.services` and the JSON of
 ``manage.py fq … --json`` (except that ``created`` is ``true``/``false``).
 Times are epoch milliseconds, durations milliseconds. Errors are JSON objects
-``{"code", "message", "field"}``. Access needs one of three Django
+``{"code", "message", "field"}``. Every write sends ``Content-Type:
+application/json``, even without a body (else 415). Access needs one of three Django
 permissions on :class:`django_fq.models.Queue`: ``django_fq.produce``
 (enqueue), ``django_fq.consume`` (claim and settle) and ``django_fq.manage``
 (configure, inspect and repair). See ``docs/rest-api.md``.
@@ -31,5 +32,8 @@ Settings (all optional, read on every request):
 ``FQ_API_LONG_POLL_RECHECK_MS``     PostgreSQL: how often a waiting claim looks again without
                                     a notification (delayed jobs coming due, leases freed by
                                     a concurrency limit); default 1000
+``FQ_API_CREATE_QUEUES``            the capability (on that queue) an enqueue needs to create
+                                    a queue that does not exist: ``"manage"`` (default) or
+                                    ``"produce"``
 ==================================  ===========================================================
 """

@@ -73,3 +73,19 @@ def max_bulk_jobs() -> int:
 def long_poll_recheck_s() -> float:
     """Seconds between looks of a waiting claim on PostgreSQL when no notification arrives."""
     return max(1, int(getattr(settings, "FQ_API_LONG_POLL_RECHECK_MS", 1000))) / 1000
+
+
+#: Values of ``FQ_API_CREATE_QUEUES``: the capability a user needs to create a queue by enqueueing to it.
+CREATE_QUEUES_CHOICES = ("manage", "produce")
+
+
+def create_queues() -> str:
+    """``FQ_API_CREATE_QUEUES``: ``"manage"`` (default) or ``"produce"``.
+
+    The capability (on that queue) a REST user needs for an enqueue into a
+    queue that does not exist to create it; without it the enqueue answers 404
+    ``queue_not_found`` and writes nothing. An unknown value counts as the
+    default (check ``django_fq.E020`` reports it).
+    """
+    value = getattr(settings, "FQ_API_CREATE_QUEUES", "manage")
+    return value if value in CREATE_QUEUES_CHOICES else "manage"

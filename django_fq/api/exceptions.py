@@ -11,6 +11,11 @@
   ``payload_too_large``; ``Http404`` is 404 ``not_found``; Django's
   ``PermissionDenied`` is 403 ``permission_denied``.
 
+* A database that refuses or drops the connection (server down, "too many
+  clients", a PostgreSQL shutting down or starting, SQLite locked or not
+  openable) is 503 ``database_unavailable`` with ``Retry-After``: the client
+  may try again, nothing was done (see :func:`database_unavailable`).
+
 Anything else is a bug and is left to Django (500). No message ever contains a
 receipt: django-fq's errors never quote one, and DRF's do not quote request bodies.
 """
@@ -19,12 +24,47 @@ from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import Http404
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
 from ..exceptions import FqError
+
+#: Seconds a client is told to wait (``Retry-After``) when the database is unavailable.
+RETRY_AFTER_S = 1
+#: SQLSTATE classes of PostgreSQL that mean "no usable connection now": 08 connection
+#: exception, 53 insufficient resources (53300 too many connections), 57P admin/crash
+#: shutdown and "cannot connect now" (a server starting up).
+_UNAVAILABLE_SQLSTATES = ("08", "53", "57P")
+#: SQLite primary result codes of the same kind: BUSY, LOCKED, IOERR, CANTOPEN.
+_UNAVAILABLE_SQLITE_CODES = frozenset({5, 6, 10, 14})
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database cannot serve now (try later), not that the request or code is wrong.
+
+    True for :class:`~django.db.InterfaceError` (a closed or broken
+    connection); for :class:`~django.db.OperationalError` raised by
+    PostgreSQL with an SQLSTATE of :data:`_UNAVAILABLE_SQLSTATES` or none at
+    all (libpq's own failures: connection refused, timeout, server closed the
+    connection), and by SQLite with a code of :data:`_UNAVAILABLE_SQLITE_CODES`.
+    Any other OperationalError (an SQLite syntax error, a missing table) is a
+    bug or a deployment error and stays a 500.
+    """
+    if isinstance(exc, InterfaceError):
+        return True
+    if not isinstance(exc, OperationalError):
+        return False
+    cause = exc.__cause__ or exc.__context__
+    sqlite_code = getattr(cause, "sqlite_errorcode", None)
+    if sqlite_code is not None:
+        return (sqlite_code & 0xFF) in _UNAVAILABLE_SQLITE_CODES
+    if cause is None or type(cause).__module__.split(".")[0] not in ("psycopg", "psycopg2"):
+        return False
+    state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    return state is None or str(state).startswith(_UNAVAILABLE_SQLSTATES)
 
 
 def error_body(code: str, message: str, field: str | None = None, **extra) -> dict:
@@ -55,6 +95,9 @@ def exception_handler(exc, context):
         body, status = error_body("not_found", "not found"), 404
     elif isinstance(exc, DjangoPermissionDenied):
         body, status = error_body("permission_denied", "permission denied"), 403
+    elif database_unavailable(exc):
+        body = error_body("database_unavailable", "the database is unavailable; try again later")
+        status, headers["Retry-After"] = 503, str(RETRY_AFTER_S)
     elif isinstance(exc, drf.APIException):
         status = exc.status_code
         auth_header = getattr(exc, "auth_header", None)

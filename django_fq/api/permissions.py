@@ -3,23 +3,28 @@
 =============  ===========================  ==============================================
 capability     permission                   endpoints
 =============  ===========================  ==============================================
-produce        ``django_fq.produce``        enqueue (one job or a bulk of them); wait for a
-                                            job
+produce        ``django_fq.produce``        enqueue (one job or a bulk of them) into an
+                                            existing queue; wait for a job (its state and
+                                            result only)
 consume        ``django_fq.consume``        claim, ack, nack, release, extend
 manage         ``django_fq.manage``         list/get/configure/delete queues, list/get/
-                                            retry/cancel/wait for jobs, stats
+                                            retry/cancel/wait for jobs (the whole job),
+                                            stats; create a queue by enqueueing to it
 =============  ===========================  ==============================================
 
 Grant them like any permission (groups, the admin, ``user.user_permissions``);
 active superusers have all three. Anonymous users have none, so they get
 nothing (401 or 403, depending on the first authentication class). The
-schema is readable with any one of the three.
+schema is readable with any one of the three. ``docs/rest-api.md`` has the
+table of every endpoint, and ``docs/security.md`` what each capability may learn.
 
 Each view names the capabilities that admit a request (any one of them
 suffices) through :func:`required_capabilities`. To restrict by queue, or to
 map capabilities to something else (API keys, scopes), subclass
 :class:`HasQueuePermission` and override :meth:`~HasQueuePermission.has_capability`,
-then list it in ``FQ_API_PERMISSION_CLASSES``::
+then list it in ``FQ_API_PERMISSION_CLASSES``. ``queue`` is ``None`` for the
+endpoints that are not about one queue (the queue list, which then asks
+again for each queue it would show, and the schema)::
 
     class PerQueue(HasQueuePermission):
         def has_capability(self, user, capability, queue):
@@ -66,10 +71,58 @@ class HasQueuePermission(BasePermission):
         if any(self.has_capability(user, c, queue) for c in needed):
             return True
         if needed:
-            names = " or ".join(PERMISSION_OF.get(c, c) for c in needed)
-            self.message = f"This operation requires the permission {names}."
+            self.message = self.refusal(user, needed, queue)
         return False
 
     def has_capability(self, user, capability: str, queue: str | None) -> bool:
         """Whether ``user`` may act as ``capability`` on ``queue`` (None: not about one queue)."""
         return user.has_perm(PERMISSION_OF[capability])
+
+    def refusal(self, user, needed: tuple[str, ...], queue: str | None) -> str:
+        """The message of a 403: what is missing, never a permission the user already holds.
+
+        When the user holds the Django permission and a subclass refused it for
+        this queue, the message says the permission does not extend to the queue.
+        """
+        held = [c for c in needed if HasQueuePermission.has_capability(self, user, c, None)]
+        if held and queue is not None:
+            names = " or ".join(PERMISSION_OF.get(c, c) for c in held)
+            return f"Your permission {names} does not extend to the queue {queue}."
+        names = " or ".join(PERMISSION_OF.get(c, c) for c in needed)
+        return f"This operation requires the permission {names}."
+
+
+class _AsIf:
+    """A stand-in for a view that requires ``capability`` for the request's method (see :func:`holds`)."""
+
+    def __init__(self, view, method: str, capability: str):
+        self.capabilities = {method: (capability,)}
+        self.kwargs = dict(getattr(view, "kwargs", {}) or {})
+        self.request = getattr(view, "request", None)
+
+
+def holds(request, view, capability: str, queue: str | None, permissions: list | None = None) -> bool:
+    """Whether every permission class of ``view`` would admit ``request`` as ``capability`` on ``queue``.
+
+    Classes with :meth:`HasQueuePermission.has_capability` are asked that;
+    any other DRF permission class is asked ``has_permission`` for a stand-in
+    view that requires only ``capability``. Used where an answer or a
+    side effect depends on a capability beyond the one that admitted the
+    request: the whole job in ``wait`` (``manage``), creating a queue by an
+    enqueue, and the queues the queue list shows. ``permissions``: the
+    instances to ask (default: ``view.get_permissions()``), so a caller asking
+    about many queues lets a class cache what it looked up once.
+    """
+    user = getattr(request, "user", None)
+    method = request.method.upper()
+    for perm in view.get_permissions() if permissions is None else permissions:
+        if isinstance(perm, HasQueuePermission):
+            if user is None or not user.is_authenticated or not perm.has_capability(user, capability, queue):
+                return False
+        else:
+            stand_in = _AsIf(view, method, capability)
+            if queue is not None:
+                stand_in.kwargs["queue"] = queue
+            if not perm.has_permission(request, stand_in):
+                return False
+    return True

@@ -25,14 +25,20 @@ DESCRIPTION = (
 _generating = threading.Lock()
 
 
+#: Response components that carry exactly their fields: a producer's ``wait`` answer
+#: (``JobOutcome``) must not pass for the whole job, nor the whole job for it.
+CLOSED_RESPONSES = frozenset({"JobOutcome"})
+
+
 def close_request_objects(result, generator, request, public):
     """drf-spectacular post-processing hook: request bodies admit no unknown keys.
 
     The views reject unknown fields (400, naming the field); the schema says so,
     which also lets schema-driven clients and fuzzers generate bodies the API accepts.
+    The components of :data:`CLOSED_RESPONSES` are closed too.
     """
     for name, component in result.get("components", {}).get("schemas", {}).items():
-        if name.endswith("Request") and component.get("type") == "object":
+        if (name.endswith("Request") or name in CLOSED_RESPONSES) and component.get("type") == "object":
             component["additionalProperties"] = False
     return result
 

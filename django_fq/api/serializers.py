@@ -230,6 +230,15 @@ class JobSerializer(JobListedSerializer):
     errors = ErrorEntrySerializer(many=True)  # type: ignore[assignment]
 
 
+class JobOutcomeSerializer(serializers.Serializer):
+    """What ``wait`` tells a user who may produce but not manage: the outcome, nothing of the job's inputs."""
+
+    id = serializers.CharField()
+    queue = serializers.CharField()
+    state = serializers.ChoiceField(choices=STATE_NAMES)
+    result = AnyJSON()
+
+
 class JobPageSerializer(serializers.Serializer):
     jobs = JobListedSerializer(many=True)
     next_cursor = serializers.CharField(allow_null=True, help_text="pass as cursor for the next page")

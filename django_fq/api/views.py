@@ -18,6 +18,7 @@ bodies and in the services' arguments stay out of those reports.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import asdict
 
 from django.db import connections, transaction
@@ -25,8 +26,9 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.debug import sensitive_variables
 from drf_spectacular.openapi import AutoSchema
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from rest_framework import status
+from rest_framework.exceptions import UnsupportedMediaType
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -40,9 +42,11 @@ from . import conf, longpoll
 from . import serializers as s
 from .exceptions import exception_handler
 from .parsers import FqJSONParser
-from .permissions import CONSUME, MANAGE, PRODUCE
+from .permissions import CONSUME, MANAGE, PERMISSION_OF, PRODUCE, holds
 
 POLICY_FIELDS = frozenset(QueuePolicy.__dataclass_fields__)
+#: Methods that change something: they must declare a JSON body (see :meth:`FqAPIView.initial`).
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 #: Default ``timeout_ms`` of ``wait`` over HTTP (also its maximum).
 DEFAULT_WAIT_MS = 20_000
 
@@ -67,12 +71,26 @@ _ERROR_TEXT = {
     403: "not authenticated, or missing the django-fq permission",
     404: "no such queue or job",
     408: "the job did not finish within timeout_ms (code wait_timeout)",
-    409: "invalid or expired receipt (invalid_receipt), job cancelled (cancelled), or wrong state (invalid_state)",
+    409: "invalid or expired receipt (invalid_receipt), job cancelled (cancelled), wrong state (invalid_state), "
+    "or a new queue would pass FQ_MAX_QUEUES (too_many_queues)",
     413: "request body or payload too large",
-    415: "the body is not application/json",
+    415: "a write without Content-Type: application/json (even with an empty body), or a body that is not JSON",
     429: "queue full, or throttled",
+    503: "the database refused the connection or is busy (Retry-After says when to try again)",
 }
-_COMMON = (400, 401, 403)
+_COMMON = (400, 401, 403, 503)
+_WAIT_TEXT = (
+    "Users who may manage the queue get the whole job; producers get its outcome only "
+    "(id, queue, state, result), never the payload, error texts or workers."
+)
+_WAIT_ANSWER = OpenApiResponse(
+    PolymorphicProxySerializer(
+        component_name="JobWaitAnswer",
+        serializers=[s.JobSerializer, s.JobOutcomeSerializer],
+        resource_type_field_name=None,
+    ),
+    description="the job (manage) or its outcome (produce only)",
+)
 _QUEUE_PARAM = OpenApiParameter(
     "queue",
     {"type": "string", "pattern": r"^[A-Za-z0-9:._-]{1,200}$", "minLength": 1, "maxLength": 200},
@@ -118,6 +136,28 @@ class FqAPIView(APIView):
 
     def get_exception_handler(self):
         return exception_handler
+
+    def initial(self, request, *args, **kwargs):
+        """Authenticate, check permissions and throttles, then refuse a write that is not JSON.
+
+        A request that changes something must say ``Content-Type:
+        application/json``, even with an empty body (cancel, retry, delete):
+        an HTML form or a ``text/plain`` fetch from another site cannot set
+        that type without a CORS preflight, so with HTTP Basic (which has no
+        CSRF token) it cannot retry or cancel jobs on a user's behalf. The
+        check runs after the permission check, so a denied request still gets
+        401/403. See docs/security.md ("Cross-site requests cannot write").
+        """
+        super().initial(request, *args, **kwargs)
+        method = request.method.upper()
+        if method in WRITE_METHODS and hasattr(self, method.lower()):  # else the 405 says more
+            media = (request.content_type or "").split(";", 1)[0].strip().lower()
+            if media != "application/json":
+                raise UnsupportedMediaType(
+                    media or "(none)",
+                    detail=f"a {method} must send Content-Type: application/json "
+                    f"(even with an empty body), not {media or 'none'}",
+                )
 
     def max_body_bytes(self) -> int:
         """Largest request body this view accepts (checked against Content-Length before parsing)."""
@@ -238,6 +278,11 @@ def _job(info) -> dict:
     return asdict(info)
 
 
+def _outcome(info) -> dict:
+    """What a producer may learn of a job by ``wait``: its id, queue, state and result."""
+    return {"id": info.id, "queue": info.queue, "state": info.state, "result": info.result}
+
+
 def _listed(info) -> dict:
     out = asdict(info)
     for key in ("payload", "result", "errors"):
@@ -263,12 +308,17 @@ class QueueListView(FqAPIView):
 
     @_doc(
         operation_id="queues_list",
-        summary="List every queue with its policy and job counts",
-        responses={200: s.QueueInfoSerializer(many=True), **_errors(401, 403)},
+        summary="List the queues the user may manage, with their policy and job counts",
+        responses={200: s.QueueInfoSerializer(many=True), **_errors(401, 403, 503)},
         tags=["queues"],
     )
     def get(self, request):
-        return Response([_queue_info(q) for q in services.queues()])
+        # The list was admitted with queue=None; a permission class that limits users to some
+        # queues is asked again for each one, so a user sees only the queues it may manage.
+        perms = self.get_permissions()
+        return Response(
+            [_queue_info(q) for q in services.queues() if holds(request, self, MANAGE, q.name, perms)]
+        )
 
 
 class QueueDetailView(FqAPIView):
@@ -291,7 +341,7 @@ class QueueDetailView(FqAPIView):
         summary="Set a queue's whole policy (omitted fields: defaults), creating the queue",
         parameters=[_QUEUE_PARAM],
         request=s.PolicyInputSerializer,
-        responses={200: s.QueueConfigSerializer, 201: s.QueueConfigSerializer, **_errors(*_COMMON, 413, 415)},
+        responses={200: s.QueueConfigSerializer, 201: s.QueueConfigSerializer, **_errors(*_COMMON, 409, 413, 415)},
         tags=["queues"],
     )
     def put(self, request, queue):
@@ -305,7 +355,7 @@ class QueueDetailView(FqAPIView):
         summary="Change some policy fields of a queue, creating the queue",
         parameters=[_QUEUE_PARAM],
         request=s.PolicyInputSerializer,
-        responses={200: s.QueueConfigSerializer, 201: s.QueueConfigSerializer, **_errors(*_COMMON, 413, 415)},
+        responses={200: s.QueueConfigSerializer, 201: s.QueueConfigSerializer, **_errors(*_COMMON, 409, 413, 415)},
         tags=["queues"],
     )
     def patch(self, request, queue):
@@ -316,7 +366,7 @@ class QueueDetailView(FqAPIView):
         operation_id="queue_delete",
         summary="Delete a queue with all its jobs, leases and idempotency tokens",
         parameters=[_QUEUE_PARAM],
-        responses={200: s.DeletedSerializer, **_errors(*_COMMON, 404)},
+        responses={200: s.DeletedSerializer, **_errors(*_COMMON, 404, 415)},
         tags=["queues"],
     )
     def delete(self, request, queue):
@@ -393,14 +443,15 @@ class JobsView(FqAPIView):
         responses={
             201: s.EnqueuedSerializer,
             200: OpenApiResponse(s.EnqueuedSerializer, description="duplicate: the existing job's id"),
-            **_errors(*_COMMON, 413, 415, 429),
+            **_errors(*_COMMON, 404, 409, 413, 415, 429),
         },
         tags=["jobs"],
     )
     def post(self, request, queue):
         env = _envelope(_body(request, ENVELOPE_KEYS, required=("payload",)))
         payload = env.pop("payload")
-        result = services.enqueue(queue, payload, **env)
+        with _creation_rule(request, self, queue) as create:
+            result = services.enqueue(queue, payload, create_queue=create, **env)
         code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
         return Response(_enqueued(result), status=code, headers={"Location": f"{request.path.rstrip('/')}/{result.id}/"})
 
@@ -423,7 +474,7 @@ class BulkEnqueueView(FqAPIView):
         responses={
             201: s.EnqueuedSerializer(many=True),
             200: OpenApiResponse(s.EnqueuedSerializer(many=True), description="every envelope was a duplicate"),
-            **_errors(*_COMMON, 413, 415, 429),
+            **_errors(*_COMMON, 404, 409, 413, 415, 429),
         },
         tags=["jobs"],
     )
@@ -441,12 +492,30 @@ class BulkEnqueueView(FqAPIView):
                 raise InvalidArgument(f"jobs[{i}] must be a JSON object", field=f"jobs[{i}]")
             items.append(_envelope(env, f"jobs[{i}]."))
         try:
-            results = services.enqueue_many(queue, items)
+            with _creation_rule(request, self, queue) as create:
+                results = services.enqueue_many(queue, items, create_queue=create)
         except FqError as exc:
             _rename_items(exc)
             raise
         code = status.HTTP_201_CREATED if any(r.created for r in results) else status.HTTP_200_OK
         return Response([_enqueued(r) for r in results], status=code)
+
+
+@contextmanager
+def _creation_rule(request, view, queue: str):
+    """Whether this enqueue may create ``queue`` (``FQ_API_CREATE_QUEUES``); names the rule when it may not."""
+    capability = conf.create_queues()
+    create = holds(request, view, capability, queue)
+    try:
+        yield create
+    except QueueNotFound as exc:
+        if not create:
+            exc.message = (
+                f"no such queue: {queue}; an enqueue creates a queue only for users with "
+                f"{PERMISSION_OF[capability]} (FQ_API_CREATE_QUEUES)"
+            )
+            exc.args = (exc.message,)
+        raise
 
 
 def _rename_items(exc: FqError) -> None:
@@ -483,7 +552,7 @@ class JobRetryView(FqAPIView):
         summary="Make a dead job ready again with attempts reset to 0",
         parameters=[_QUEUE_PARAM, _JOB_PARAM],
         request=None,
-        responses={200: s.JobSerializer, **_errors(*_COMMON, 404, 409)},
+        responses={200: s.JobSerializer, **_errors(*_COMMON, 404, 409, 415)},
         tags=["jobs"],
     )
     def post(self, request, queue, job_id):
@@ -500,7 +569,7 @@ class JobCancelView(FqAPIView):
         summary="Cancel a scheduled, ready, running or dead job (a running job's receipt stops working)",
         parameters=[_QUEUE_PARAM, _JOB_PARAM],
         request=None,
-        responses={200: s.JobSerializer, **_errors(*_COMMON, 404, 409)},
+        responses={200: s.JobSerializer, **_errors(*_COMMON, 404, 409, 415)},
         tags=["jobs"],
     )
     def post(self, request, queue, job_id):
@@ -508,13 +577,19 @@ class JobCancelView(FqAPIView):
 
 
 class JobWaitView(FqAPIView):
-    """Wait for a job to finish, up to 20 s (``produce`` or ``manage``)."""
+    """Wait for a job to finish, up to 20 s (``produce`` or ``manage``).
+
+    A user who may manage the queue gets the whole job; a producer gets its
+    outcome only (id, queue, state, result): never the payload, the error
+    texts or the workers, which are behind ``manage`` as on the job's page.
+    """
 
     capabilities = {"GET": (PRODUCE, MANAGE), "POST": (PRODUCE, MANAGE)}
 
     @_doc(
         operation_id="job_wait_get",
         summary="Wait up to timeout_ms (at most 20000) for a job to succeed, die or be cancelled",
+        description=_WAIT_TEXT,
         parameters=[
             _QUEUE_PARAM,
             _JOB_PARAM,
@@ -522,25 +597,31 @@ class JobWaitView(FqAPIView):
                 "timeout_ms", {"type": "integer", "minimum": 0, "maximum": 20000}, description="default 20000"
             ),
         ],
-        responses={200: s.JobSerializer, **_errors(*_COMMON, 404, 408)},
+        responses={200: _WAIT_ANSWER, **_errors(*_COMMON, 404, 408)},
         tags=["jobs"],
     )
     def get(self, request, queue, job_id):
         timeout = _query_int(request, "timeout_ms", DEFAULT_WAIT_MS)
-        return Response(_job(longpoll.wait(queue, _job_id(queue, job_id), timeout_ms=timeout)))
+        return self._answer(request, queue, longpoll.wait(queue, _job_id(queue, job_id), timeout_ms=timeout))
 
     @_doc(
         operation_id="job_wait",
         summary="Wait up to timeout_ms (at most 20000) for a job to succeed, die or be cancelled",
+        description=_WAIT_TEXT,
         parameters=[_QUEUE_PARAM, _JOB_PARAM],
         request=s.WaitSerializer,
-        responses={200: s.JobSerializer, **_errors(*_COMMON, 404, 408, 413, 415)},
+        responses={200: _WAIT_ANSWER, **_errors(*_COMMON, 404, 408, 413, 415)},
         tags=["jobs"],
     )
     def post(self, request, queue, job_id):
         body = _body(request, {"timeout_ms"})
         timeout = _given(body, "timeout_ms", DEFAULT_WAIT_MS)
-        return Response(_job(longpoll.wait(queue, _job_id(queue, job_id), timeout_ms=timeout)))
+        return self._answer(request, queue, longpoll.wait(queue, _job_id(queue, job_id), timeout_ms=timeout))
+
+    def _answer(self, request, queue: str, info) -> Response:
+        if holds(request, self, MANAGE, queue):
+            return Response(_job(info))
+        return Response(_outcome(info))
 
 
 # --- leases --------------------------------------------------------------------------------------------

@@ -50,6 +50,13 @@ def _text(body: str, status: int, **headers) -> HttpResponse:
     return response
 
 
+def _database_unavailable(exc: Exception, *, show: bool = True) -> HttpResponse:
+    """503 with Retry-After; the error's first line only for a reader already admitted (``show``)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    log.warning("metrics scrape failed: database error: %s", first)
+    return _text(f"unavailable: database error: {first}" if show else "unavailable: database error", 503, Retry_After="5")
+
+
 def allowed(request: HttpRequest) -> bool:
     """True when ``request`` may read the metrics (public setting, bearer token, or a staff user)."""
     if getattr(settings, "FQ_METRICS_PUBLIC", False) is True:
@@ -86,7 +93,11 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     """The ``fq_queue_*`` metrics of every queue, read from the database now, in Prometheus text format."""
     if request.method not in ("GET", "HEAD"):
         return _text("use GET", 405, Allow="GET, HEAD")
-    if not allowed(request):
+    try:
+        admitted = allowed(request)
+    except DatabaseError as exc:  # a staff check loads the session and the user: the database may refuse
+        return _database_unavailable(exc, show=False)  # not admitted yet: no server text
+    if not admitted:
         return _text(
             "forbidden: the django-fq metrics need a logged-in staff user or the bearer token of the "
             "FQ_METRICS_TOKEN setting (or FQ_METRICS_PUBLIC = True)",
@@ -104,9 +115,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     try:
         body = encoder(reg)
     except DatabaseError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        log.warning("metrics scrape failed: database error: %s", first)
-        return _text(f"unavailable: database error: {first}", 503, Retry_After="5")
+        return _database_unavailable(exc)
     except ConnectionDoesNotExist as exc:  # FQ_DATABASE (or a router) names an alias DATABASES lacks
         first = health.database_setting_error() or str(exc)
         log.warning("metrics scrape failed: %s", first)

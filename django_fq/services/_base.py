@@ -10,7 +10,7 @@ import json
 from django.db import IntegrityError, transaction
 
 from .. import conf, db, validation
-from ..exceptions import QueueNotFound
+from ..exceptions import QueueNotFound, TooManyQueues
 from ..models import IdempotencyToken, Job, Lease, Queue, QueueCounter
 from ..types import TIMING_NAMES, TOTAL_NAMES, QueuePolicy
 
@@ -63,10 +63,45 @@ def get_queue(name: str, *, lock: bool = False) -> Queue:
     return Queue.from_db(conf.database(), list(_QUEUE_COLUMNS), list(row))
 
 
+#: Key of the PostgreSQL advisory lock that serialises queue creations (the ``FQ_MAX_QUEUES`` count).
+_CREATE_LOCK_KEY = 0x66710001
+
+
+def lock_queue_creation(conn) -> None:
+    """PostgreSQL: wait for other transactions creating queues (an advisory lock held until commit)."""
+    if conn.vendor == "postgresql":
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", [_CREATE_LOCK_KEY])
+
+
+def check_room_for_a_queue(conn, name: str) -> None:
+    """Raise :class:`TooManyQueues` if one more queue would pass ``FQ_MAX_QUEUES``.
+
+    Call it inside the transaction that creates the queue. On PostgreSQL it
+    first takes a transaction-scoped advisory lock, so concurrent creations
+    count one after the other and the limit holds exactly; SQLite writers are
+    serialised already. It runs only on the way to creating a queue, never on
+    an enqueue into an existing one.
+    """
+    limit = conf.max_queues()
+    lock_queue_creation(conn)
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT COUNT(*) FROM {QUEUE}")
+        (count,) = cur.fetchone()
+    if count >= limit:
+        raise TooManyQueues(
+            f"too many queues: the database holds {count} and FQ_MAX_QUEUES is {limit}; "
+            f"queue {name} was not created",
+            field="queue",
+            limit=limit,
+        )
+
+
 def get_or_create_queue(name: str, *, lock: bool = False) -> Queue:
     """The queue row named ``name``, created with the default policy if missing (race-safe).
 
-    ``lock``: as for :func:`get_queue`.
+    ``lock``: as for :func:`get_queue`. Raises :class:`TooManyQueues` when
+    creating it would pass ``FQ_MAX_QUEUES`` (nothing is created).
     """
     for _ in range(5):
         try:
@@ -75,11 +110,21 @@ def get_or_create_queue(name: str, *, lock: bool = False) -> Queue:
             pass
         try:
             with transaction.atomic(using=conf.database()):
-                manager(Queue).create(name=name, created_at=db.DbNow())
+                conn = db.connection()
+                lock_queue_creation(conn)
+                if not _exists(conn, name):  # else created while this waited for the lock: use it
+                    check_room_for_a_queue(conn, name)
+                    manager(Queue).create(name=name, created_at=db.DbNow())
         except IntegrityError:
             continue  # created concurrently (and maybe deleted again since): look again
         return get_queue(name, lock=lock)
     raise QueueNotFound(f"queue {name} is being created and deleted concurrently; try again", field="queue")
+
+
+def _exists(conn, name: str) -> bool:
+    with conn.cursor() as cur:
+        cur.execute(f"SELECT 1 FROM {QUEUE} WHERE name = %s", [name])
+        return cur.fetchone() is not None
 
 
 def policy_of(q: Queue) -> QueuePolicy:

@@ -19,7 +19,17 @@ from django.db import IntegrityError
 from .. import conf, db, validation
 from ..exceptions import InvalidArgument, InvalidTime, QueueFull
 from ..types import EnqueueResult
-from ._base import COUNTER, JOB, QUEUE, TOKEN, add_counters, counter_sums, get_or_create_queue, policy_of
+from ._base import (
+    COUNTER,
+    JOB,
+    QUEUE,
+    TOKEN,
+    add_counters,
+    counter_sums,
+    get_or_create_queue,
+    get_queue,
+    policy_of,
+)
 from .queues import POLICY_BOUNDS
 
 #: Keys an enqueue envelope may carry (the REST body and ``enqueue_many`` items).
@@ -70,6 +80,7 @@ def enqueue(
     unique_key: str | None = None,
     max_attempts: int | None = None,
     timeout_ms: int | None = None,
+    create_queue: bool = True,
 ) -> EnqueueResult:
     """Add one job to ``queue`` (created with the default policy if missing).
 
@@ -87,13 +98,19 @@ def enqueue(
             holding this key, if any.
         max_attempts: 1–1000; default: the queue's policy (copied now).
         timeout_ms: 0 – 7 days (0 = none); default: the queue's policy.
+        create_queue: ``False`` raises :class:`QueueNotFound` (and writes
+            nothing) when ``queue`` does not exist, instead of creating it.
+            The REST API passes ``False`` for users who may not create queues
+            (``FQ_API_CREATE_QUEUES``).
 
     Runs inside the caller's ``transaction.atomic()`` when there is one: a
     rollback leaves no job and no token, and wakes no worker.
 
     Raises :class:`InvalidQueueName`, :class:`InvalidJson`,
     :class:`PayloadTooLarge`, :class:`InvalidDelay`, :class:`DelayAndAt`,
-    :class:`InvalidTime`, :class:`InvalidArgument`, :class:`QueueFull`.
+    :class:`InvalidTime`, :class:`InvalidArgument`, :class:`QueueFull`,
+    :class:`TooManyQueues` (creating the queue would pass ``FQ_MAX_QUEUES``),
+    :class:`QueueNotFound` (only with ``create_queue=False``).
     """
     validation.queue_name(queue)
     item = parse_options(
@@ -109,10 +126,10 @@ def enqueue(
             "timeout_ms": timeout_ms,
         }
     )
-    return _write(queue, [item], batch=False)[0]
+    return _write(queue, [item], batch=False, create=create_queue)[0]
 
 
-def enqueue_many(queue: str, items: Iterable[Mapping]) -> list[EnqueueResult]:
+def enqueue_many(queue: str, items: Iterable[Mapping], *, create_queue: bool = True) -> list[EnqueueResult]:
     """Add many jobs in one transaction, all or nothing.
 
     ``items`` are envelopes: mappings with a ``"payload"`` key and any of the
@@ -122,16 +139,17 @@ def enqueue_many(queue: str, items: Iterable[Mapping]) -> list[EnqueueResult]:
     item, in input order. Items of one batch sharing a token or unique key
     coalesce onto the first of them. An invalid item fails the whole batch
     (the error's ``field`` is prefixed with ``items[i].``) and writes nothing.
+    ``create_queue`` and the errors: as for :func:`enqueue`.
     """
     validation.queue_name(queue)
     limit = conf.max_payload_bytes()
     parsed = [_parse_item(i, raw, limit) for i, raw in enumerate(items)]
     if not parsed:
         return []
-    return _write(queue, parsed, batch=True)
+    return _write(queue, parsed, batch=True, create=create_queue)
 
 
-def _write(queue: str, items: list[_Item], *, batch: bool) -> list[EnqueueResult]:
+def _write(queue: str, items: list[_Item], *, batch: bool, create: bool = True) -> list[EnqueueResult]:
     """Write a batch; if the queue was deleted under it (a foreign-key error at commit), write it again.
 
     The second attempt re-creates the queue, as any enqueue into a missing queue does.
@@ -144,11 +162,11 @@ def _write(queue: str, items: list[_Item], *, batch: bool) -> list[EnqueueResult
         if known not in _seen_queues:
             # Not seen by this process yet: make sure it exists before sending the rows,
             # so a bulk enqueue into a new queue does not ship (and parse) its rows twice.
-            get_or_create_queue(queue)
+            _find_queue(queue, create)
         done, found = db.retrying(_insert_plain_pg, conn, queue, items, atomic=False)
         if not found:  # deleted since: create it again, then the same one statement
             _seen_queues.discard(known)
-            get_or_create_queue(queue)
+            _find_queue(queue, create)
             done, found = db.retrying(_insert_plain_pg, conn, queue, items, atomic=False)
         if found:
             if len(_seen_queues) >= _SEEN_QUEUES_MAX:
@@ -157,11 +175,16 @@ def _write(queue: str, items: list[_Item], *, batch: bool) -> list[EnqueueResult
         if done is not None:
             return done
     try:
-        return db.retrying(_write_batch, queue, items, batch=batch)
+        return db.retrying(_write_batch, queue, items, batch=batch, create=create)
     except IntegrityError as exc:
         if not owned or "foreign key" not in str(exc).lower():
             raise
-        return db.retrying(_write_batch, queue, items, batch=batch)
+        return db.retrying(_write_batch, queue, items, batch=batch, create=create)
+
+
+def _find_queue(queue: str, create: bool):
+    """The queue row, created if missing when ``create`` (else :class:`QueueNotFound`)."""
+    return get_or_create_queue(queue) if create else get_queue(queue)
 
 
 # The whole plain enqueue in one statement: look the queue up, check the
@@ -305,10 +328,10 @@ def parse_options(raw: Mapping, limit: int | None = None) -> _Item:
     )
 
 
-def _write_batch(queue: str, items: list[_Item], *, batch: bool) -> list[EnqueueResult]:
+def _write_batch(queue: str, items: list[_Item], *, batch: bool, create: bool = True) -> list[EnqueueResult]:
     conn = db.connection()
     db.take_write_lock(conn, queue)
-    q = get_or_create_queue(queue, lock=True)
+    q = get_or_create_queue(queue, lock=True) if create else get_queue(queue, lock=True)
     pol = policy_of(q)
     now = db.now_sql(conn)
     if any(it.at is not None for it in items):

@@ -185,6 +185,17 @@ def test_add_of_an_existing_name_is_refused_and_changes_nothing(root_client, que
     assert fq.policy(queue).max_attempts == 3
 
 
+def test_add_past_fq_max_queues_is_refused_on_the_name_and_creates_nothing(root_client, queue, settings):
+    settings.FQ_MAX_QUEUES = Queue.objects.count()
+    data = {k: str(v) for k, v in vars(QueuePolicy()).items()}
+    data["name"] = "adm:one-too-many"
+    response = root_client.post(ADD, data)
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert list(errors) == ["name"] and "too many queues" in errors["name"][0]
+    assert not Queue.objects.filter(name="adm:one-too-many").exists()
+
+
 def test_delete_asks_for_confirmation_with_what_goes(root_client, queue):
     _one_of_each(queue)
     fq.enqueue(queue, {"t": 1}, idempotency="tok-1")

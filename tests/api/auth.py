@@ -63,3 +63,13 @@ class OwnQueuesOnly(HasQueuePermission):
     def has_capability(self, user, capability, queue):
         allowed = super().has_capability(user, capability, queue)
         return allowed and (queue is None or queue.startswith(f"{user.get_username()}:"))
+
+
+class ManageOwnQueuesOnly(HasQueuePermission):
+    """``produce`` and ``consume`` on every queue; ``manage`` only on queues named ``<username>:…``."""
+
+    def has_capability(self, user, capability, queue):
+        allowed = super().has_capability(user, capability, queue)
+        if capability != "manage":
+            return allowed
+        return allowed and (queue is None or queue.startswith(f"{user.get_username()}:"))

@@ -26,14 +26,34 @@ def api_settings(settings):
 
 
 class Client(APIClient):
-    """DRF's test client, JSON by default, checking each response against the schema."""
+    """DRF's test client, JSON by default, checking each response against the schema.
+
+    A write without a body still says ``Content-Type: application/json``, as the
+    API requires of every write (docs/security.md, "Cross-site requests cannot write").
+    """
 
     default_format = "json"
+
+    def post(self, path, data=None, format=None, content_type=None, **kwargs):
+        return super().post(path, data, format, _json_if_bodiless(data, content_type), **kwargs)
+
+    def put(self, path, data=None, format=None, content_type=None, **kwargs):
+        return super().put(path, data, format, _json_if_bodiless(data, content_type), **kwargs)
+
+    def patch(self, path, data=None, format=None, content_type=None, **kwargs):
+        return super().patch(path, data, format, _json_if_bodiless(data, content_type), **kwargs)
+
+    def delete(self, path, data=None, format=None, content_type=None, **kwargs):
+        return super().delete(path, data, format, _json_if_bodiless(data, content_type), **kwargs)
 
     def request(self, **kwargs):
         response = super().request(**kwargs)
         check_response(response)
         return response
+
+
+def _json_if_bodiless(data, content_type):
+    return "application/json" if data is None and content_type is None else content_type
 
 
 def url(name: str, *args) -> str:

@@ -467,7 +467,7 @@ def test_claim_shape_deadline_and_worker(api):
 def test_claim_with_no_body_takes_one_job(api):
     enqueue(api)
     enqueue(api)
-    r = api.generic("POST", url("claim", Q))
+    r = api.generic("POST", url("claim", Q), content_type="application/json")
     assert r.status_code == 200 and len(r.json()) == 1
 
 

@@ -109,6 +109,7 @@ def test_permissions_granted_through_a_group():
     user.groups.add(group)
     client = Client()
     client.force_authenticate(user)
+    services.configure(Q)
     assert client.post(url("jobs", Q), {"payload": 1}).status_code == 201
 
 
@@ -190,6 +191,7 @@ def test_drf_token_model_authentication(settings):
 
     settings.FQ_API_AUTHENTICATION_CLASSES = ["rest_framework.authentication.TokenAuthentication"]
     token = Token.objects.create(user=make_user("produce"))
+    services.configure(Q)
     client = Client()
     client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
     assert client.post(url("jobs", Q), {"payload": 1}).status_code == 201
@@ -203,6 +205,7 @@ def test_permission_classes_setting_can_restrict_by_queue(settings):
     user = make_user("produce")
     client = Client()
     client.force_authenticate(user)
+    services.configure(f"{user.username}:mail")
     assert client.post(url("jobs", f"{user.username}:mail"), {"payload": 1}).status_code == 201
     r = client.post(url("jobs", "someone-else:mail"), {"payload": 1})
     assert (r.status_code, r.json()["code"]) == (403, "permission_denied")
