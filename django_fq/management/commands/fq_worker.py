@@ -35,7 +35,15 @@ from django.db import DatabaseError, connections
 from django_fq import conf, services, validation
 from django_fq.checks import HandlerLoadError, load_handlers
 from django_fq.exceptions import InvalidArgument, QueueNotFound
-from django_fq.worker import EX_CONFIG, SUPERVISOR_ENV, Supervisor, Worker, WorkerConfigError, child_command
+from django_fq.worker import (
+    EX_CONFIG,
+    MAX_PREFETCH,
+    SUPERVISOR_ENV,
+    Supervisor,
+    Worker,
+    WorkerConfigError,
+    child_command,
+)
 
 #: Longest accepted --poll-interval / --max-poll-interval / --reaper-interval / --prune-interval: one hour.
 MAX_INTERVAL_MS = 3_600_000
@@ -207,6 +215,8 @@ class Command(BaseCommand):
                     stats = worker.run()
             else:
                 stats = worker.run()
+        except InvalidArgument as exc:  # a value every claim refuses: never a traceback, never "0 jobs ok"
+            raise CommandError(f"fq_worker: {exc.message}") from exc
         except DatabaseError as exc:  # only a --burst run gives up on the database
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if "django_fq_" in text:  # a missing table: the database is there, the migrations are not
@@ -232,6 +242,23 @@ class Command(BaseCommand):
                 validation.queue_name(name)
             except InvalidArgument:
                 raise CommandError(f"invalid queue name {name!r}: use 1-200 characters from [A-Za-z0-9:._-]") from None
+        worker_id = options["worker_id"]
+        if worker_id is not None:
+            # Checked here, not at the first claim: every claim would refuse it and the jobs would
+            # stay ready. Supervised children add "-INDEX", so the longest of those must fit too.
+            longest = worker_id + (f"-{options['processes'] - 1}" if options["processes"] > 1 else "")
+            try:
+                if not worker_id:
+                    raise InvalidArgument("empty", field="--worker-id")
+                validation.worker_id(longest, "--worker-id")
+            except InvalidArgument:
+                limit = 200 - (len(longest) - len(worker_id))
+                raise CommandError(
+                    f"--worker-id must be 1-{limit} characters of valid UTF-8 text without NUL"
+                    + (f" (with --processes {options['processes']}, each process adds -INDEX)" if limit < 200 else "")
+                ) from None
+        if not 0 <= options["prefetch"] <= MAX_PREFETCH:
+            raise CommandError(f"--prefetch must be between 0 and {MAX_PREFETCH}")
         visibility = options["visibility"]
         if visibility is not None:
             try:
