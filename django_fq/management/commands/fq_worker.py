@@ -176,8 +176,10 @@ class Command(BaseCommand):
         ``worker.db_wait``, every 0.25 s doubling to 5 s, for as long as the
         lock is held); once it succeeds its answer is kept, so the checks
         do not have to get the lock a second time. Any other error is left
-        for the checks to report.
+        for the checks to report. Nothing is asked with ``--skip-checks``.
         """
+        if options.get("skip_checks"):
+            return  # no check to protect; the worker loop itself rides out a locked database
         self._setup_logging(options.get("verbosity", 1))
         for alias in connections:
             conn = connections[alias]
