@@ -315,20 +315,102 @@ def _is_second_pass(entry: Entry, zone: ZoneInfo, tick_ms: int) -> bool:
 
 
 def _walk(entry: Entry, start_ms: int, count: int, backward: bool) -> list[int]:
-    """``count`` ticks strictly after ``start_ms`` (or strictly before it, newest first)."""
+    """``count`` ticks strictly after ``start_ms`` (or strictly before it, newest first).
+
+    croniter walks real time in the entry's zone. Two things are corrected
+    here so that every entry follows the rule of docs/periodic.md ("Time and
+    time zones"), wildcard or not: a tick whose wall time falls in a gap
+    (clocks went forward) fires once at the first instant after the gap,
+    and a tick croniter moved to some other wall time is dropped (its
+    replacement is that gap tick).
+    """
     zone = entry.zone
     start = dt.datetime.fromtimestamp(start_ms / 1000, zone)
     it = croniter(entry.cron, start)
     step = it.get_prev if backward else it.get_next
     out: list[int] = []
+    seen = {start_ms}
+    prev = start_ms
     while len(out) < count:
         try:
             tick = round(step(float) * 1000)
         except CroniterBadDateError:  # no further match (only odd dates near the ends of time)
             break
-        if not _is_second_pass(entry, zone, tick):
-            out.append(tick)
-    return out
+        lo, hi = (tick, prev) if backward else (prev, tick)
+        candidates = _gap_ticks(entry, zone, lo, hi)
+        if _offset(zone, lo) != _offset(zone, hi) and not _matches(entry, zone, tick):
+            pass  # croniter shifted a tick out of a gap: the gap tick stands for it
+        elif not _is_second_pass(entry, zone, tick):
+            candidates.append(tick)
+        for t in sorted(candidates, reverse=backward):
+            if t not in seen:
+                seen.add(t)
+                out.append(t)
+        prev = tick
+    return out[:count]
+
+
+#: Longest gap a clock change can open: a day (Samoa skipped 30 December 2011).
+_MAX_GAP_S = 86_400
+
+
+def _offset(zone: ZoneInfo, ms: int) -> dt.timedelta:
+    return dt.datetime.fromtimestamp(ms / 1000, zone).utcoffset() or dt.timedelta(0)
+
+
+def _wall(zone: ZoneInfo, ms: int) -> dt.datetime:
+    """The naive local wall time at instant ``ms``."""
+    return dt.datetime.fromtimestamp(ms / 1000, zone).replace(tzinfo=None)
+
+
+def _matches(entry: Entry, zone: ZoneInfo, tick_ms: int) -> bool:
+    """True when the wall time of ``tick_ms`` is a time the cron expression names."""
+    wall = _wall(zone, tick_ms)
+    return croniter(entry.cron, wall - dt.timedelta(seconds=1)).get_next(dt.datetime) == wall
+
+
+def _exists(zone: ZoneInfo, wall: dt.datetime) -> bool:
+    """True when the naive local ``wall`` time happens in ``zone`` (it is not in a gap)."""
+    instant = wall.replace(tzinfo=zone).timestamp()
+    return dt.datetime.fromtimestamp(instant, zone).replace(tzinfo=None) == wall
+
+
+def _gap_ticks(entry: Entry, zone: ZoneInfo, lo_ms: int, hi_ms: int) -> list[int]:
+    """Instants in ``(lo_ms, hi_ms]`` that stand for ticks whose wall time fell in a gap.
+
+    croniter walked from ``lo_ms`` straight to ``hi_ms``, so any wall time
+    the cron names between the two readings that does not exist lies in a
+    gap (clocks went forward). Its tick fires at the first instant after
+    that gap: the instant the clocks changed. Several such wall times in one
+    gap give one instant.
+    """
+    out: list[int] = []
+    if hi_ms - lo_ms < _MAX_GAP_S * 1000 and _offset(zone, lo_ms) == _offset(zone, hi_ms):
+        return out  # the common case: no clock change in between (two within a day never happen)
+    end = _wall(zone, hi_ms)
+    cursor = _wall(zone, lo_ms)
+    while True:
+        named = croniter(entry.cron, cursor).get_next(dt.datetime)
+        if named >= end:
+            return out
+        if _exists(zone, named):
+            cursor = named
+            continue
+        # Read with the offset before the change, ``named`` is an instant just after it; the change
+        # itself is less than a day before that: find its first second by bisection.
+        after_s = int(named.replace(tzinfo=zone).timestamp())
+        a, b = after_s - _MAX_GAP_S, after_s
+        before = _offset(zone, a * 1000)
+        while b - a > 1:
+            mid = (a + b) // 2
+            if _offset(zone, mid * 1000) == before:
+                a = mid
+            else:
+                b = mid
+        change_ms = b * 1000
+        if lo_ms < change_ms <= hi_ms and change_ms not in out:
+            out.append(change_ms)
+        cursor = max(named, _wall(zone, change_ms) - dt.timedelta(seconds=1))  # on past the gap
 
 
 def ticks_between(entry: Entry, after_ms: int, until_ms: int) -> list[int]:

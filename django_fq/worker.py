@@ -112,6 +112,7 @@ from . import conf, services, validation, wakeup
 from . import handlers as registry
 from .exceptions import (
     FqError,
+    InvalidArgument,
     InvalidJson,
     InvalidReceipt,
     PayloadTooLarge,
@@ -545,10 +546,16 @@ class Worker:
         heartbeat_fraction: extend a lease each time this fraction of its visibility passed.
         burst: return once nothing is eligible and no job is running.
         max_jobs: claim at most this many jobs, then return when they are done.
-        worker_id: id recorded on leases; default ``hostname:pid:random``.
+        worker_id: id recorded on leases; default ``hostname:pid:random``. At most
+            200 characters of text that encodes as UTF-8, without NUL.
         handlers: ``{queue: callable}`` to use instead of the registry (tests, embedding).
         install_signals: handle SIGTERM/SIGINT (only from the main thread).
         supervisor_pid: stop gracefully when the parent process is no longer this pid.
+
+    Raises:
+        WorkerConfigError: a queue without a handler or with an invalid name, an invalid
+            ``worker_id``, ``visibility_ms`` outside 1 ms - 24 h, ``max_jobs`` below 1,
+            ``concurrency``/``prefetch``/``heartbeat_fraction`` out of range.
     """
 
     def __init__(
@@ -574,6 +581,25 @@ class Worker:
     ):
         known = registry.registered() if handlers is None else dict(handlers)
         wanted = list(dict.fromkeys(queues or ()))
+        # What reaches the database is checked here, once: a value every claim would refuse
+        # must stop the worker at start, not make each claim fail while jobs stay ready.
+        for name in wanted:
+            if not isinstance(name, str) or not validation.QUEUE_NAME.fullmatch(name):
+                raise WorkerConfigError(f"invalid queue name {name!r}: use 1-200 characters from [A-Za-z0-9:._-]")
+        if worker_id is not None:
+            try:
+                validation.worker_id(worker_id)
+            except InvalidArgument:
+                raise WorkerConfigError(
+                    "worker_id must be at most 200 characters of valid text (UTF-8, no NUL)"
+                ) from None
+        if visibility_ms is not None:
+            try:
+                validation.visibility(visibility_ms)
+            except InvalidArgument as exc:
+                raise WorkerConfigError(f"visibility_ms: {exc.message}") from None
+        if max_jobs is not None and (not isinstance(max_jobs, int) or max_jobs < 1):
+            raise WorkerConfigError("max_jobs must be at least 1")
         if not wanted:
             wanted = sorted(known)
             if not wanted:

@@ -13,7 +13,9 @@
 # if any leg failed. Tests marked `slow` are excluded (FQ_MARKERS overrides the
 # marker expression; `make test-slow` uses it). With FQ_ALLOW_EMPTY=1 a leg
 # that collects no test (pytest exit 5) counts as passed.
-# FQ_SUMMARY_FILE=path appends "passed failed skipped" for the run to that file.
+# FQ_SUMMARY_FILE=path appends "passed failed skipped" for the run to that file, and
+# FQ_FAILED_FILE=path one "LEG NODE-ID" line per failing test. The summary names each
+# failing test (from the JUnit XML of each leg), not only the leg.
 # PostgreSQL legs use their own test database per leg (test_fq_<leg>), so they
 # never clash with a developer's run on the default test_fq.
 set -uo pipefail
@@ -83,16 +85,31 @@ for leg in "${legs[@]}"; do
     printf '  %-14s %s\n' "$leg" "${status[$leg]}"
     case "${status[$leg]}" in ok*) ;; *) failed=1 ;; esac
 done
-# One closing line with the totals over every leg, from the JUnit reports.
-python3 - "$reports" "${FQ_SUMMARY_FILE:-}" <<'PY'
-import glob, sys
+# One closing line with the totals over every leg, from the JUnit reports, after the name of
+# each failing test (leg, then the pytest node id).
+python3 - "$reports" "${FQ_SUMMARY_FILE:-}" "${FQ_FAILED_FILE:-}" <<'PY'
+import glob, os, sys
 import xml.etree.ElementTree as ET
 
+
+def node_id(classname: str, name: str) -> str:
+    """``tests.worker.test_x.TestY`` + ``test_z`` -> ``tests/worker/test_x.py::TestY::test_z``."""
+    parts = classname.split(".") if classname else []
+    for cut in range(len(parts), 0, -1):
+        path = "/".join(parts[:cut]) + ".py"
+        if os.path.exists(path):
+            return "::".join([path, *parts[cut:], name])
+    return "::".join([p for p in (classname, name) if p])
+
+
 passed = failed = skipped = 0
-for path in glob.glob(sys.argv[1] + "/*.xml"):
+failures = []
+for path in sorted(glob.glob(sys.argv[1] + "/*.xml")):
+    leg = os.path.basename(path)[: -len(".xml")]
     try:
         root = ET.parse(path).getroot()
     except ET.ParseError:
+        failures.append((leg, "(its JUnit report could not be read)"))
         continue
     suites = [root] if root.tag == "testsuite" else root.iter("testsuite")
     for s in suites:
@@ -100,9 +117,21 @@ for path in glob.glob(sys.argv[1] + "/*.xml"):
         passed += t - f - e - sk
         failed += f + e
         skipped += sk
+        for case in s.iter("testcase"):
+            for kind in ("failure", "error"):
+                if case.find(kind) is not None:
+                    label = node_id(case.get("classname", ""), case.get("name", ""))
+                    failures.append((leg, label + (" (error)" if kind == "error" else "")))
+if failures:
+    print("failing tests:")
+    for leg, label in failures:
+        print(f"  {leg:<14} {label}")
 print(f"matrix: {passed} passed, {failed} failed, {skipped} skipped")
 if sys.argv[2]:  # .ci/run adds up the tiers
     with open(sys.argv[2], "a") as fh:
         fh.write(f"{passed} {failed} {skipped}\n")
+if sys.argv[3]:  # .ci/run lists them again at its end
+    with open(sys.argv[3], "a") as fh:
+        fh.writelines(f"{leg} {label}\n" for leg, label in failures)
 PY
 exit $failed

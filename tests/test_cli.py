@@ -547,6 +547,15 @@ def test_jobs_pages_with_a_cursor_and_no_payloads():
     assert human.code == 0 and "--cursor" in human.out and ids[2] in human.out
 
 
+def test_jobs_cursor_0_is_the_first_page():
+    """Users of FQ.JOBS and Redis SCAN start with cursor 0 (docs/reference/cli.md, fq jobs)."""
+    ids = [ok("enqueue", Q, json.dumps({"n": n}))["id"] for n in range(3)]
+    first = ok("jobs", Q, "--state", "ready", "--count", 2)
+    assert ok("jobs", Q, "--state", "ready", "--count", 2, "--cursor", "0") == first
+    assert [j["id"] for j in first["jobs"]] == ids[:2]
+    assert ok("jobs", Q, "--cursor", "0") == ok("jobs", Q)
+
+
 def test_jobs_bad_arguments():
     make_queue(Q)
     fails("jobs", Q, "--cursor", "garbage!", code="invalid_cursor", field="cursor")

@@ -417,7 +417,7 @@ class JobsView(FqAPIView):
         parameters=[
             _QUEUE_PARAM,
             OpenApiParameter("state", str, enum=list(STATE_NAMES), description="only jobs in this state"),
-            OpenApiParameter("cursor", str, description="next_cursor of the previous page"),
+            OpenApiParameter("cursor", str, description="next_cursor of the previous page; 0 or none: the first page"),
             OpenApiParameter(
                 "count", {"type": "integer", "minimum": 1, "maximum": 1000}, description="page size (default 20)"
             ),

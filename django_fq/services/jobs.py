@@ -96,6 +96,10 @@ _ORDERS = {
 _NEWEST_FIRST = (("changed_at", True), ("seq", True))
 
 
+#: The cursor of the first page besides ``None``: what FQ.JOBS and Redis SCAN users write.
+FIRST_PAGE = "0"
+
+
 def jobs(queue: str, *, state: str | None = None, cursor: str | None = None, count: int = validation.DEFAULT_PAGE) -> JobPage:
     """One page of a queue's jobs (metadata only, no payloads).
 
@@ -103,7 +107,8 @@ def jobs(queue: str, *, state: str | None = None, cursor: str | None = None, cou
     order; scheduled by run_at, then claim order; running/succeeded/dead/
     cancelled newest first by last transition; no state: newest enqueued
     first. ``cursor`` is the opaque ``next_cursor`` of the previous page;
-    ``count`` is 1–1000 (default 20).
+    ``None`` or ``"0"`` is the first page (``"0"`` as with FQ.JOBS and Redis
+    SCAN). ``count`` is 1–1000 (default 20).
 
     Raises :class:`QueueNotFound`, :class:`InvalidArgument` (field ``state``),
     :class:`InvalidCursor`, :class:`CountOutOfRange`.
@@ -120,7 +125,7 @@ def jobs(queue: str, *, state: str | None = None, cursor: str | None = None, cou
             qs = qs.filter(state="running" if state == "running" else "queued")
         else:
             qs = qs.filter(state=state)
-    if cursor is not None:
+    if cursor is not None and cursor != FIRST_PAGE:
         qs = qs.filter(_after(_decode_cursor(cursor, state, len(order)), order))
     qs = qs.order_by(*[("-" if desc else "") + name for name, desc in order])
     rows = list(qs.values(*_LIST_FIELDS, "seq", "reported", "lease_deadline")[: count + 1])

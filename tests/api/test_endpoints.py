@@ -340,6 +340,16 @@ def test_jobs_pages_with_a_cursor_and_no_payloads_or_receipts(api):
     assert running[0]["lease_deadline"] > running[0]["claimed_at"]
 
 
+def test_jobs_cursor_0_is_the_first_page(api):
+    """``?cursor=0``, as FQ.JOBS and Redis SCAN users write it, is the first page (docs/rest-api.md)."""
+    ids = [enqueue(api, payload={"i": i}) for i in range(3)]
+    first = api.get(url("jobs", Q), {"count": 2, "state": "ready"}).json()
+    zero = api.get(url("jobs", Q), {"count": 2, "state": "ready", "cursor": "0"})
+    assert zero.status_code == 200 and zero.json() == first
+    assert [j["id"] for j in first["jobs"]] == ids[:2]
+    assert services.jobs(Q, state="ready", cursor="0", count=2).next_cursor == first["next_cursor"]
+
+
 @pytest.mark.parametrize(
     "params, code, field",
     [

@@ -40,17 +40,22 @@ def history():
     try:
         fq.configure(Q, backoff_ms=0, visibility_ms=60_000)
         a, b, c = (r.id for r in fq.enqueue_many(Q, [{"payload": n} for n in range(3)]))
-        claimed = {j.id: j for j in fq.claim(Q, count=3, visibility_ms=60_000)}
+        claimed = {j.id: j for j in fq.claim(Q, count=2, visibility_ms=60_000)}
+        # C's lease is shorter than its extend, so the extend moves the deadline even when it runs in the
+        # same database millisecond as the claim (an unchanged deadline records no extend).
+        claimed.update({j.id: j for j in fq.claim(Q, count=1, visibility_ms=30_000)})
+        assert set(claimed) == {a, b, c}
         _run(claimed[a])
         fq.ack(Q, claimed[a].receipt)
-        fq.extend(Q, claimed[c].receipt, visibility_ms=60_000)
+        assert fq.extend(Q, claimed[c].receipt, visibility_ms=60_000) > claimed[c].deadline
         _run(claimed[c])
         fq.ack(Q, claimed[c].receipt)
         # B: a short second lease... first make its lease short by releasing and reclaiming briefly.
         fq.release(Q, claimed[b].receipt)
         first = fq.claim(Q, count=1, visibility_ms=30)[0]
         _run(first)  # finished, but never acked: the lease runs out
-        time.sleep(0.06)
+        while invariants.now_ms() < first.deadline:  # wait for the database clock to pass it
+            time.sleep(0.005)
         fq.reap(Q)
         second = fq.claim(Q, count=1, visibility_ms=60_000)[0]
         assert second.id == b and second.attempts == 2

@@ -25,22 +25,34 @@ import os
 import shutil
 import sys
 import threading
+import time
 from typing import Any
 
 from django.conf import settings
 from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, OperationalError, connections, transaction
 
 from django_fq import conf, services, validation
 from django_fq.checks import HandlerLoadError, load_handlers
 from django_fq.exceptions import InvalidArgument, QueueNotFound
-from django_fq.worker import EX_CONFIG, SUPERVISOR_ENV, Supervisor, Worker, WorkerConfigError, child_command
+from django_fq.worker import (
+    EX_CONFIG,
+    MAX_PREFETCH,
+    SUPERVISOR_ENV,
+    Supervisor,
+    Worker,
+    WorkerConfigError,
+    child_command,
+    emit,
+)
 
 #: Longest accepted --poll-interval / --max-poll-interval / --reaper-interval / --prune-interval: one hour.
 MAX_INTERVAL_MS = 3_600_000
 #: Most threads (--concurrency) and processes (--processes) one command runs.
 MAX_CONCURRENCY, MAX_PROCESSES = 1000, 256
+#: Waiting for SQLite's write lock at start: first pause and longest pause between tries, in seconds.
+_LOCK_WAIT_FIRST_S, _LOCK_WAIT_MAX_S = 0.25, 5.0
 
 
 class Command(BaseCommand):
@@ -145,11 +157,53 @@ class Command(BaseCommand):
         exit status stays 1.
         """
         try:
+            self._wait_for_sqlite_lock(options)
             return super().execute(*args, **options)
         except CommandError as exc:
             if os.environ.get(SUPERVISOR_ENV) and not self._running:
                 exc.returncode = EX_CONFIG
             raise
+
+    def _wait_for_sqlite_lock(self, options: dict) -> None:
+        """SQLite: before the system checks run, wait (with backoff) while another process holds the write lock.
+
+        Django's checks ask SQLite whether it supports JSON inside a
+        transaction; with ``IMMEDIATE`` transactions that transaction waits
+        for the write lock, and past the busy timeout the answer is a false
+        "SQLite does not support JSONFields" (``fields.E180``) that would end
+        the worker at start. So the same probe runs here first, once per
+        SQLite database, retried while the error is a lock (logged as
+        ``worker.db_wait``, every 0.25 s doubling to 5 s, for as long as the
+        lock is held); once it succeeds its answer is kept, so the checks
+        do not have to get the lock a second time. Any other error is left
+        for the checks to report. Nothing is asked with ``--skip-checks``.
+        """
+        if options.get("skip_checks"):
+            return  # no check to protect; the worker loop itself rides out a locked database
+        self._setup_logging(options.get("verbosity", 1))
+        for alias in connections:
+            conn = connections[alias]
+            if conn.vendor != "sqlite":
+                continue
+            delay, waited_since = _LOCK_WAIT_FIRST_S, None
+            while True:
+                try:
+                    with conn.cursor() as cursor, transaction.atomic(using=alias):
+                        cursor.execute("SELECT JSON('{\"a\": \"b\"}')")
+                except OperationalError as exc:
+                    text = str(exc).lower()
+                    if "locked" not in text and "busy" not in text:
+                        break  # not a lock: the checks say what it is
+                    waited_since = waited_since or time.monotonic()
+                    emit(logging.WARNING, "worker.db_wait", database=alias, reason="locked", retry_in_s=delay)
+                    conn.close()
+                    time.sleep(delay)  # a backoff between tries, not a wait for an event
+                    delay = min(_LOCK_WAIT_MAX_S, delay * 2)
+                    continue
+                conn.features.__dict__["supports_json_field"] = True  # proven just now, cached as Django does
+                if waited_since is not None:
+                    emit(logging.WARNING, "worker.db_ready", database=alias, waited_s=round(time.monotonic() - waited_since, 3))
+                break
 
     def handle(self, *args, **options) -> None:
         self._setup_logging(options["verbosity"])
@@ -207,6 +261,8 @@ class Command(BaseCommand):
                     stats = worker.run()
             else:
                 stats = worker.run()
+        except InvalidArgument as exc:  # a value every claim refuses: never a traceback, never "0 jobs ok"
+            raise CommandError(f"fq_worker: {exc.message}") from exc
         except DatabaseError as exc:  # only a --burst run gives up on the database
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if "django_fq_" in text:  # a missing table: the database is there, the migrations are not
@@ -232,6 +288,23 @@ class Command(BaseCommand):
                 validation.queue_name(name)
             except InvalidArgument:
                 raise CommandError(f"invalid queue name {name!r}: use 1-200 characters from [A-Za-z0-9:._-]") from None
+        worker_id = options["worker_id"]
+        if worker_id is not None:
+            # Checked here, not at the first claim: every claim would refuse it and the jobs would
+            # stay ready. Supervised children add "-INDEX", so the longest of those must fit too.
+            longest = worker_id + (f"-{options['processes'] - 1}" if options["processes"] > 1 else "")
+            try:
+                if not worker_id:
+                    raise InvalidArgument("empty", field="--worker-id")
+                validation.worker_id(longest, "--worker-id")
+            except InvalidArgument:
+                limit = 200 - (len(longest) - len(worker_id))
+                raise CommandError(
+                    f"--worker-id must be 1-{limit} characters of valid UTF-8 text without NUL"
+                    + (f" (with --processes {options['processes']}, each process adds -INDEX)" if limit < 200 else "")
+                ) from None
+        if not 0 <= options["prefetch"] <= MAX_PREFETCH:
+            raise CommandError(f"--prefetch must be between 0 and {MAX_PREFETCH}")
         visibility = options["visibility"]
         if visibility is not None:
             try:
