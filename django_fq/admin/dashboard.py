@@ -196,13 +196,13 @@ def _failures(start: int, end: int, queue_id: int | None) -> tuple[list[int], bo
     whatever the size of the histories.
     """
     conn = db.connection()
-    table = conn.ops.quote_name(Job._meta.db_table)
+    table = Job._meta.db_table
     where = "changed_at >= %s"
     params: list = [start]
     if queue_id is not None:
         where += " AND queue_id = %s"
         params.append(queue_id)
-    kinds = ", ".join("%s" for _ in sorted(FAILURE_KINDS))
+    kinds = ", ".join(["%s"] * len(FAILURE_KINDS))
     if conn.vendor == "postgresql":
         # CASE keeps the cast away from entries whose "at" is not a whole number.
         newest = (
@@ -228,7 +228,7 @@ def _failures(start: int, end: int, queue_id: int | None) -> tuple[list[int], bo
     failures = [0] * BUCKETS
     with conn.cursor() as cur:
         cur.execute(
-            f"SELECT (f.at - %s) / {MINUTE_MS} AS bucket, COUNT(*) AS n FROM ({entries}) AS f "
+            f"SELECT (f.at - %s) / {MINUTE_MS:d} AS bucket, COUNT(*) AS n FROM ({entries}) AS f "
             "WHERE f.at >= %s AND f.at < %s GROUP BY 1",
             [start, *params, FAILURE_SCAN_LIMIT, *sorted(FAILURE_KINDS), start, end],
         )

@@ -211,6 +211,7 @@ def test_c16_a_producer_posting_through_the_rest_api_cannot_run_a_shell_command(
     settings.ROOT_URLCONF = "tests.api.urls"
     marker = tmp_path / "ran"
     producer = client_as("produce")
+    fq.configure(Q)  # the queue exists, as a deployed Tasks queue does (a producer cannot create one)
 
     posted = producer.post(url("jobs", Q), {"payload": hostile("subprocess.getoutput", _command(marker))})
     assert posted.status_code == 201, posted.content

@@ -145,6 +145,7 @@ def test_in_a_real_process_check_fails_and_fq_worker_says_one_line():
 # --- E006 is a deploy check: only check --deploy and fq_worker import the handler modules ----------------
 
 
+@pytest.mark.django_db  # Django's JSONField check may probe the database for JSON support
 def test_e006_runs_with_check_deploy_only(settings):
     from django.core.checks import run_checks
 
