@@ -19,7 +19,7 @@ from ._base import (
 )
 
 DAY = validation.DAY_MS
-#: Bounds of every policy field (SPEC §2), inclusive, in the field's unit.
+#: Bounds of every policy field (docs/reference/semantics.md §2), inclusive, in the field's unit.
 POLICY_BOUNDS = {
     "concurrency": (0, 100_000),
     "max_attempts": (1, 1000),
