@@ -270,7 +270,7 @@ def anchor_ratios(results: dict, anchors: dict) -> dict:
     steady2 = ("drain2_steady_default", "drain2_steady_persist")
     ratio("drain1_steady_vs_best", "drain1_steady", steady1)
     ratio("drain2_steady_vs_best", "drain2_steady", steady2)
-    # SPEC §9: our 1-process steady rate over the best steady rate any other queue reached (1 or 2 workers).
+    # docs/reference/semantics.md §9: our 1-process steady rate over the best steady rate any other queue reached (1 or 2 workers).
     ratio("drain_steady_vs_best_any", "drain1_steady", steady1 + steady2)
     # The same with our rate measured exactly like the anchors measure theirs (observer polls, 50 ms).
     ratio("drain1_observed_steady_vs_best", "drain1_observed_steady", steady1)

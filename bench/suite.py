@@ -435,7 +435,7 @@ class Suite:
                 "concurrency": self.args.concurrency,
                 "ok": ok,
                 "succeeded": ok_n,
-                # SPEC §9: jobs finished per second from the first job recorded done to the last.
+                # docs/reference/semantics.md §9: jobs finished per second from the first job recorded done to the last.
                 "steady_rate": (n - 1) / (span_ms / 1000) if span_ms > 0 else None,
                 "first_to_last_ms": span_ms,
                 "done_in_first_ms": first_batch,

@@ -724,7 +724,7 @@ class _Importer:
         ):
             raise line.error('must be a list of objects, each "error" a string', "errors")
         line.json("errors", limit=_BIG)  # no NUL or lone surrogate: PostgreSQL could not store them
-        # The engine's caps (SPEC §9): the newest 100 entries, each error text cut to 64 KiB as a nack cuts it.
+        # The engine's caps (docs/reference/semantics.md §9): the newest 100 entries, each error text cut to 64 KiB as a nack cuts it.
         # Each entry is rebuilt from the engine's own keys, so no other key (of any size) is stored.
         errors = [_history_entry(line, e) for e in errors[-_HISTORY_KEEP:]]
         enqueued_at = line.integer("enqueued_at", 0, _SAFE)

@@ -36,9 +36,9 @@ from __future__ import annotations
 from django.conf import settings
 
 MIB = 1024 * 1024
-#: Hard cap on any payload or result, SPEC §3 (32 MiB).
+#: Hard cap on any payload or result, docs/reference/semantics.md §3 (32 MiB).
 HARD_PAYLOAD_CAP_BYTES = 32 * MIB
-#: Cap on the summed payload sizes returned by one claim, SPEC §5 (32 MiB).
+#: Cap on the summed payload sizes returned by one claim, docs/reference/semantics.md §5 (32 MiB).
 CLAIM_PAYLOAD_CAP_BYTES = 32 * MIB
 
 DEFAULTS = {

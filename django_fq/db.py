@@ -110,7 +110,7 @@ def retrying(fn, *args, attempts: int = 8, atomic: bool = True, **kwargs):
     """Run ``fn`` in :func:`write_atomic`, retrying deadlocks and lock timeouts.
 
     Retries happen only when django-fq owns the transaction; inside a caller's
-    ``atomic`` block the error propagates unchanged (SPEC §9). Backs off
+    ``atomic`` block the error propagates unchanged (docs/reference/semantics.md §9). Backs off
     5 ms · 2^n with jitter, at most ``attempts`` tries. With ``atomic=False``
     ``fn`` must issue a single statement, which autocommit makes atomic (two
     round trips fewer than BEGIN … COMMIT).

@@ -65,7 +65,7 @@ class CounterFields(models.Model):
 
 
 class Queue(models.Model):
-    """A named queue and its policy (SPEC §2). Its counters live in :class:`QueueCounter` rows."""
+    """A named queue and its policy (docs/reference/semantics.md §2). Its counters live in :class:`QueueCounter` rows."""
 
     name = models.CharField(max_length=200, unique=True)
     concurrency = models.IntegerField(default=0)
@@ -125,7 +125,7 @@ class Job(models.Model):
     idempotency = models.CharField(max_length=255, null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True, default="")
     # The last settle (ack/nack/release/cancel/expire) of a lease, so that a
-    # repeat of the same call is answered as a replay (SPEC §9).
+    # repeat of the same call is answered as a replay (docs/reference/semantics.md §9).
     settled_hash = models.CharField(max_length=64, null=True, blank=True)
     settled_op = models.CharField(max_length=10, null=True, blank=True)
     settled_args = models.CharField(max_length=32, null=True, blank=True)
@@ -202,7 +202,7 @@ class Lease(models.Model):
 class IdempotencyToken(models.Model):
     """An idempotency token: deduplicates enqueues into a queue until ``expires_at``.
 
-    ``job_uid`` is not a foreign key: the token outlives its job (SPEC §9).
+    ``job_uid`` is not a foreign key: the token outlives its job (docs/reference/semantics.md §9).
     """
 
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="tokens", db_index=False)

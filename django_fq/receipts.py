@@ -1,4 +1,4 @@
-"""Receipts: unforgeable capabilities bound to one lease of one job (SPEC §5).
+"""Receipts: unforgeable capabilities bound to one lease of one job (docs/reference/semantics.md §5).
 
 A receipt reads ``fq1.<job id>.<generation>.<secret>`` where ``secret`` is 256
 random bits (``secrets.token_urlsafe(32)``). The database keeps only

@@ -63,7 +63,7 @@ ENTRY_KEYS = frozenset(
 )
 #: Largest ``catch_up``: how many missed ticks one entry may enqueue after downtime.
 MAX_CATCH_UP = 100
-#: Idempotency retention can be at most 30 days (SPEC §2).
+#: Idempotency retention can be at most 30 days (docs/reference/semantics.md §2).
 MAX_RETENTION_MS = 30 * validation.DAY_MS
 #: Slack added to a tick's token retention beyond the last moment the tick can be due.
 RETENTION_MARGIN_MS = validation.HOUR_MS

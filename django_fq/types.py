@@ -12,7 +12,7 @@ from typing import Any
 
 
 class JobState(enum.StrEnum):
-    """A job's reported state (SPEC §3).
+    """A job's reported state (docs/reference/semantics.md §3).
 
     ``scheduled`` and ``ready`` are one stored state (``queued``) told apart by
     comparing ``run_at`` with the database's current time.
@@ -28,7 +28,7 @@ class JobState(enum.StrEnum):
 
 STATE_NAMES = tuple(s.value for s in JobState)
 
-#: Names of the per-queue totals reported by ``stats`` (SPEC §6, §9).
+#: Names of the per-queue totals reported by ``stats`` (docs/reference/semantics.md §6, §9).
 TOTAL_NAMES = (
     "enqueued",
     "deduplicated",
@@ -48,7 +48,7 @@ TIMING_NAMES = ("wait_ms_sum", "wait_count", "run_ms_sum", "run_count")
 
 @dataclass(frozen=True)
 class QueuePolicy:
-    """A queue's policy (SPEC §2). Durations in milliseconds."""
+    """A queue's policy (docs/reference/semantics.md §2). Durations in milliseconds."""
 
     concurrency: int = 0
     max_attempts: int = 25
@@ -111,7 +111,7 @@ class SettleResult:
     ``state`` is the job's state right after the settle; ``run_at`` is when it
     becomes eligible again (nack/release into the queue) or ``None``.
     ``replay`` is True when this call repeated an already-recorded settle with
-    the same receipt and therefore changed nothing (SPEC §9).
+    the same receipt and therefore changed nothing (docs/reference/semantics.md §9).
     """
 
     id: str
@@ -161,7 +161,7 @@ class JobPage:
 
 @dataclass(frozen=True)
 class QueueStats:
-    """Counts per state, totals and observed times of one queue (SPEC §6).
+    """Counts per state, totals and observed times of one queue (docs/reference/semantics.md §6).
 
     ``counts`` is keyed by every :class:`JobState` value; ``totals`` by
     :data:`TOTAL_NAMES`; the ``*_ms_sum`` / ``*_count`` pairs measure wait time

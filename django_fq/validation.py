@@ -33,7 +33,7 @@ QUEUE_NAME = re.compile(r"[A-Za-z0-9:._-]{1,200}")  # always used with fullmatch
 SECOND_MS = 1000
 HOUR_MS = 3600 * SECOND_MS
 DAY_MS = 24 * HOUR_MS
-#: Bounds of every queue policy field (SPEC §2), inclusive, in the field's unit
+#: Bounds of every queue policy field (docs/reference/semantics.md §2), inclusive, in the field's unit
 #: (also ``services.queues.POLICY_BOUNDS``).
 POLICY_BOUNDS = {
     "concurrency": (0, 100_000),
@@ -44,23 +44,23 @@ POLICY_BOUNDS = {
     "idempotency_retention_ms": (1, 30 * DAY_MS),
     "timeout_ms": (0, 7 * DAY_MS),
 }
-#: Longest enqueue delay, and furthest ``at`` from now: 10 years (SPEC §9).
+#: Longest enqueue delay, and furthest ``at`` from now: 10 years (docs/reference/semantics.md §9).
 MAX_DELAY_MS = 3653 * DAY_MS
-#: Longest nack delay: 30 days (SPEC §9).
+#: Longest nack delay: 30 days (docs/reference/semantics.md §9).
 MAX_NACK_DELAY_MS = 30 * DAY_MS
-#: Visibility bounds for claims and extensions: 1 ms – 24 h (SPEC §5).
+#: Visibility bounds for claims and extensions: 1 ms – 24 h (docs/reference/semantics.md §5).
 MIN_VISIBILITY_MS, MAX_VISIBILITY_MS = 1, 24 * HOUR_MS
-#: Claim count bounds (SPEC §5).
+#: Claim count bounds (docs/reference/semantics.md §5).
 MAX_CLAIM_COUNT = 1000
-#: Longest long-poll wait of a claim (SPEC §5).
+#: Longest long-poll wait of a claim (docs/reference/semantics.md §5).
 MAX_WAIT_MS = 20_000
-#: Job listing page size: default and max (SPEC §9).
+#: Job listing page size: default and max (docs/reference/semantics.md §9).
 DEFAULT_PAGE, MAX_PAGE = 20, 1000
-#: Priority is a 32-bit signed integer (SPEC §9).
+#: Priority is a 32-bit signed integer (docs/reference/semantics.md §9).
 MIN_PRIORITY, MAX_PRIORITY = -(2**31), 2**31 - 1
 #: Longest idempotency token / unique key, in characters.
 MAX_KEY_LENGTH = 255
-#: Each error entry is capped at 64 KiB of text (SPEC §9).
+#: Each error entry is capped at 64 KiB of text (docs/reference/semantics.md §9).
 MAX_ERROR_BYTES = 64 * 1024
 #: Deepest nesting of arrays and objects in a payload or result (``[]`` is one level,
 #: ``[[1]]`` two). Every face must read a stored document back: Python's JSON decoder and

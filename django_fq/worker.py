@@ -137,7 +137,7 @@ SETTLE_RETRY_S = 120.0
 _POLICY_TTL_S = 30.0
 #: Consecutive failed claim rounds after which a ``burst`` run gives up (a long-running worker never does).
 _BURST_DB_FAILURES = 5
-#: Most jobs one claim call asks for (SPEC §5).
+#: Most jobs one claim call asks for (docs/reference/semantics.md §5).
 MAX_CLAIM = 1000
 #: A claim that got fewer jobs than it asked for makes the next claim of that queue ask for
 #: twice as many as it got, at least _MIN_ASK; one that got all it asked for, _ASK_GROWTH times

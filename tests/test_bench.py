@@ -92,7 +92,7 @@ def test_anchor_ratios_compare_with_the_best_other_queue(tmp_path):
     ratios = bench_run.anchor_ratios(ours, anchors)
     assert ratios["drain1_steady_vs_best"] == pytest.approx(4500 / 390)
     assert ratios["drain2_steady_vs_best"] == pytest.approx(6000 / 510)
-    # SPEC §9: against the best steady rate of any other queue, 2 workers included.
+    # docs/reference/semantics.md §9: against the best steady rate of any other queue, 2 workers included.
     assert ratios["drain_steady_vs_best_any"] == pytest.approx(4500 / 510)
     assert ratios["drain_steady_vs_best_any_against"]["system"] == "procrastinate"
     assert ratios["enqueue_single_vs_best"] == pytest.approx(2400 / 2500)

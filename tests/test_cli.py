@@ -409,7 +409,7 @@ def test_ack_stores_the_result_and_a_repeat_is_a_replay():
     assert ok("stats", Q)["totals"]["acked"] == 1
     human = fq("ack", Q, job["receipt"], "--result", '{"sent": true}')
     assert human.code == 0 and "succeeded" in human.out
-    # Not the very same settle (another result): the receipt is spent (SPEC §9).
+    # Not the very same settle (another result): the receipt is spent (docs/reference/semantics.md §9).
     fails("ack", Q, job["receipt"], code="invalid_receipt", field="receipt")
     assert ok("get", Q, made["id"])["result"] == {"sent": True}
 
@@ -613,7 +613,7 @@ def test_retry_a_dead_job():
     info = ok("retry", Q, made["id"])
     assert info["state"] == "ready" and info["attempts"] == 0 and info["payload"] == 1
     err = fails("retry", Q, made["id"], code="invalid_state", field="job_id")
-    assert err["state"] == "ready"  # the reported state name (SPEC §3), not the stored one
+    assert err["state"] == "ready"  # the reported state name (docs/reference/semantics.md §3), not the stored one
     assert "ready" in err["message"]
     fails("ack", Q, job["receipt"], code="invalid_receipt")  # the old receipt stays invalid
 

@@ -1,6 +1,6 @@
 """A settle that had to wait for the lease row's lock must judge the deadline after the wait.
 
-Found while writing the docs (exact-deadline rule, SPEC §5 and §9 "no receipt
+Found while writing the docs (exact-deadline rule, docs/reference/semantics.md §5 and §9 "no receipt
 is accepted at or after its deadline"). On PostgreSQL the settle verbs read
 the lease with ``SELECT … CASE WHEN l.deadline > now … FOR UPDATE OF l``. The
 ``CASE`` is computed when the row is read, before the row lock is granted. If

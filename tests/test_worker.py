@@ -179,7 +179,7 @@ def test_handler_gets_a_context_without_the_receipt():
 
 
 def test_context_times_are_epoch_ms_of_the_database_clock():
-    """The context's enqueued_at/deadline are epoch milliseconds (SPEC: times are epoch ms, DB clock)."""
+    """The context's enqueued_at/deadline are epoch milliseconds (docs/reference/semantics.md §9 "Time": times are epoch ms, DB clock)."""
     before = int(time.time() * 1000)
     job_id = fq.enqueue("t.inspect", {}).id
 

@@ -4,7 +4,7 @@ Nothing here writes a job row itself. Retry, cancel and requeue call
 :func:`django_fq.services.retry`, :func:`~django_fq.services.cancel` and
 :func:`django_fq.services.jobs.requeue`, so the admin obeys the same rules and
 shows the same error messages as the Python API, the CLI and the REST API.
-Jobs are never added or deleted here (SPEC §9: cancel, then prune).
+Jobs are never added or deleted here (docs/reference/semantics.md §9: cancel, then prune).
 
 Receipts are never shown: the database has only their hashes (``Lease.
 receipt_hash``, ``Job.settled_hash``) and a digest of the last settle's

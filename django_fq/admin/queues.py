@@ -25,7 +25,7 @@ from ..services.queues import POLICY_BOUNDS
 from ..types import STATE_NAMES, TOTAL_NAMES, QueuePolicy
 from . import dashboard, display
 
-#: The policy fields, in the order of SPEC §2.
+#: The policy fields, in the order of docs/reference/semantics.md §2.
 POLICY = tuple(QueuePolicy.__dataclass_fields__)
 
 _MEANING = {

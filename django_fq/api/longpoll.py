@@ -2,7 +2,7 @@
 
 A long-poll ``claim`` (``wait_ms`` up to 20 s) and ``wait`` for a job keep a
 web worker's thread busy while they wait. What they must not keep is a
-database connection (SPEC §9, REST specifics): on PostgreSQL the request's
+database connection (docs/reference/semantics.md §9, REST specifics): on PostgreSQL the request's
 connection is closed (or handed back to Django's connection pool) before
 every pause and opened again for the next look, and the pause itself waits on
 the process-wide LISTEN connection of :mod:`django_fq.wakeup`, so a hundred

@@ -1,4 +1,4 @@
-"""The public Python API: one function per operation (SPEC §2–6, §9).
+"""The public Python API: one function per operation (docs/reference/semantics.md §2–6, §9).
 
 Every verb takes the queue name first; options are keyword-only; times are
 epoch milliseconds (database clock) and durations milliseconds. Errors are

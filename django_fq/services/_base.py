@@ -25,7 +25,7 @@ POLICY_FIELDS = tuple(QueuePolicy.__dataclass_fields__)
 #: plus ``active`` (scheduled+ready+running jobs) and ``token_rows``.
 COUNTER_NAMES = TOTAL_NAMES + TIMING_NAMES + ("active", "token_rows")
 
-#: Stored state → reported state, as SQL over a job row aliased ``j`` (SPEC §9 "Time").
+#: Stored state → reported state, as SQL over a job row aliased ``j`` (docs/reference/semantics.md §9 "Time").
 REPORTED_STATE_SQL = (
     "CASE WHEN j.state = 'queued' AND j.run_at > {now} THEN 'scheduled' "
     "WHEN j.state = 'queued' THEN 'ready' ELSE j.state END"
@@ -170,7 +170,7 @@ def history_entry(at: int, attempt: int, kind: str, error: str, worker: str = ""
 
 
 def append_history(errors: list | None, entry: dict, keep: int = 100) -> list:
-    """``errors`` with ``entry`` appended, keeping the newest ``keep`` (100, SPEC §9)."""
+    """``errors`` with ``entry`` appended, keeping the newest ``keep`` (100, docs/reference/semantics.md §9)."""
     out = list(errors or [])
     out.append(entry)
     return out[-keep:]
@@ -180,7 +180,7 @@ def backoff_ms(policy: QueuePolicy, attempts: int) -> int:
     """Retry delay after failed attempt number ``attempts`` (≥ 1), in ms.
 
     ``min(max_backoff_ms, backoff_ms * 2**(attempts-1))`` with the exponent
-    clamped at 62 so it never overflows (SPEC §5, §9).
+    clamped at 62 so it never overflows (docs/reference/semantics.md §5, §9).
     """
     exponent = min(max(attempts - 1, 0), 62)
     return min(policy.max_backoff_ms, policy.backoff_ms * (2**exponent))

@@ -2,7 +2,7 @@
 
 One code path serves both: a batch is validated whole, then written in a
 handful of statements inside one transaction (the caller's, if one is open).
-Order of decisions per item (SPEC §9): a live idempotency token returns its
+Order of decisions per item (docs/reference/semantics.md §9): a live idempotency token returns its
 original job; then ``unique_key`` coalesces onto an active job; then the
 queue-full limit is checked; then the job is inserted.
 """

@@ -87,7 +87,7 @@ def get(queue: str, job_id: str) -> JobInfo:
     return _info(rows[0], queue, full=True)
 
 
-# Listing orders (SPEC §9): each is a tuple of (field, descending?) ending in seq.
+# Listing orders (docs/reference/semantics.md §9): each is a tuple of (field, descending?) ending in seq.
 _ORDERS = {
     "ready": (("priority", True), ("seq", False)),
     "scheduled": (("run_at", False), ("priority", True), ("seq", False)),

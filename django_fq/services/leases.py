@@ -519,7 +519,7 @@ def _ack_matching_pg(queue: str, items: list[tuple[str, str | None, str]]) -> li
     matches when its job, generation and secret hash equal the lease's; the
     secret hashes are compared by the database, which learns nothing about a
     secret from how much of its SHA-256 digest matched. The time that decides
-    "still live" is read after every lease lock is granted (SPEC: a lease is
+    "still live" is read after every lease lock is granted (docs/reference/semantics.md §5: a lease is
     valid strictly before its deadline). Outside the caller's transaction the
     statement commits on its own, without waiting for the WAL flush
     (:func:`django_fq.db.relaxed_commit`).

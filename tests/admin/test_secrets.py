@@ -1,4 +1,4 @@
-"""No admin page ever shows a receipt, a receipt's hash or the digest of a settle (SPEC §5)."""
+"""No admin page ever shows a receipt, a receipt's hash or the digest of a settle (docs/reference/semantics.md §5)."""
 
 from __future__ import annotations
 

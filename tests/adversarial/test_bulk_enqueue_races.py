@@ -1,6 +1,6 @@
 """Concurrent enqueue_many with shared unique keys and tokens (PostgreSQL: SQLite runs writers one at a time).
 
-SPEC §4 / §9: a token returns its ORIGINAL job id for its whole retention;
+docs/reference/semantics.md §4 / §9: a token returns its ORIGINAL job id for its whole retention;
 unique keys coalesce onto the active job; bulk enqueue sorts keys/tokens before
 inserting so concurrent bulk enqueues cannot deadlock.
 """

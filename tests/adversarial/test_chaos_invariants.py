@@ -1,4 +1,4 @@
-"""Every verb at once on one queue from 8 threads, then the books must balance (SPEC §6, §9 "Invariants").
+"""Every verb at once on one queue from 8 threads, then the books must balance (docs/reference/semantics.md §6, §9 "Invariants").
 
 Threads enqueue (tokens, unique keys, bulk), claim with tiny leases, ack / ack_many
 / nack / release / extend random receipts (live, expired, settled or stale),

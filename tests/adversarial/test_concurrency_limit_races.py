@@ -1,4 +1,4 @@
-"""The per-queue concurrency limit while the limit itself changes (SPEC §2, C07: never more live leases than the limit)."""
+"""The per-queue concurrency limit while the limit itself changes (docs/reference/semantics.md §2, C07: never more live leases than the limit)."""
 
 from __future__ import annotations
 

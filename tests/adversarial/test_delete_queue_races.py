@@ -1,6 +1,6 @@
 """delete_queue racing the verbs that write into the queue (PostgreSQL, where they really run at once).
 
-SPEC §2: deleting a queue deletes its jobs, leases and tokens; enqueue creates a
+docs/reference/semantics.md §2: deleting a queue deletes its jobs, leases and tokens; enqueue creates a
 queue. §8: errors are clear and change nothing. A verb racing a deletion may lose
 (QueueNotFound, or its job deleted with the queue) but must never surface a raw
 database IntegrityError (a 500 over REST, a traceback on the CLI).

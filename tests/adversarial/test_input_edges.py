@@ -1,4 +1,4 @@
-"""Bad input on every interface: clear errors naming the field, no 500s, no state change (SPEC §2, §8, §9)."""
+"""Bad input on every interface: clear errors naming the field, no 500s, no state change (docs/reference/semantics.md §2, §8, §9)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_at_before_1970_is_refused_whether_given_as_ms_or_as_a_datetime():
 
 
 def test_the_same_ack_twice_in_one_ack_many_is_a_replay_not_an_invalid_receipt():
-    """SPEC §9: repeating the very same settle with the same receipt returns the recorded outcome as a replay.
+    """docs/reference/semantics.md §9: repeating the very same settle with the same receipt returns the recorded outcome as a replay.
 
     ack_many([(r, x), (r, x)]) answers the second with InvalidReceipt, while the
     same repeat in the next call is a replay: the answer depends on batching.

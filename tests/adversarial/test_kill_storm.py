@@ -1,6 +1,6 @@
 """kill -9 and SIGTERM storms against real ``fq_worker`` processes (slow tier).
 
-SPEC §7: a killed worker loses no job (its leases expire and the jobs run
+docs/reference/semantics.md §7: a killed worker loses no job (its leases expire and the jobs run
 again); SIGTERM releases what it holds and exits 0. §9: attempts = claims −
 releases, and every enqueued job ends in exactly one state, matching stats.
 """

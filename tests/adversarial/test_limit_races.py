@@ -1,8 +1,9 @@
-"""Queue limits under concurrency (SPEC §3, §9): FQ_MAX_JOBS_PER_QUEUE / FQ_MAX_TOKENS_PER_QUEUE.
+"""Queue limits under concurrency (docs/reference/semantics.md §3, §9): FQ_MAX_JOBS_PER_QUEUE / FQ_MAX_TOKENS_PER_QUEUE.
 
-"At most N jobs (N idempotency records) per queue; the next enqueue fails with
-queue full and changes nothing." The checks read running sums kept in counter
-shards; these tests race them on PostgreSQL (SQLite runs writers one at a time).
+At most N jobs (N idempotency records) per queue; the enqueue that would go past
+either limit fails with queue_full and changes nothing. The checks read running
+sums kept in counter shards; these tests race them on PostgreSQL (SQLite runs
+writers one at a time).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The worker (in-process, real threads and database) against handlers that misbehave.
 
-SPEC §7: a handler returning normally → ack with its return value; raising →
+docs/reference/semantics.md §7: a handler returning normally → ack with its return value; raising →
 nack with the error text and traceback; a graceful stop lets running jobs finish
 within the grace period and releases the rest for immediate re-claim.
 """
@@ -110,9 +110,10 @@ def test_stop_gives_prefetched_jobs_back_at_once_while_a_long_job_finishes():
     """One runner thread, prefetch 3: a long job runs while 3 claimed jobs wait for the thread.
 
     On a stop, jobs that never started are not "running jobs" to wait for: they
-    must be released at once for other workers (SPEC §7 "release the rest for
-    immediate re-claim"), not held (their leases kept alive by heartbeats) until
-    the long job ends or the grace period runs out.
+    must be released at once for other workers (docs/reference/semantics.md §7:
+    the rest are released so that any worker can claim them again at once),
+    not held (their leases kept alive by heartbeats) until the long job ends or
+    the grace period runs out.
     """
     q = "adv.prefetch"
     started, finish = threading.Event(), threading.Event()

@@ -193,7 +193,7 @@ def test_a_conflict_that_does_not_go_away_is_one_clear_error(monkeypatch, tmp_pa
 
 
 def test_inside_the_callers_transaction_the_conflict_propagates(monkeypatch):
-    """The caller owns the transaction: django-fq does not retry it (SPEC §9)."""
+    """The caller owns the transaction: django-fq does not retry it (docs/reference/semantics.md §9)."""
     text = exported_queue()
     calls = failing_inserts(monkeypatch, 1)
     with pytest.raises(IntegrityError), transaction.atomic():

@@ -46,7 +46,7 @@ class World:
         return [*self.ids.values(), *(i.upper() for i in self.ids.values()), *JOB_IDS]
 
     def receipts(self) -> list[str]:
-        """The live receipt and receipts made up from it (SPEC §5: none of them may settle the lease)."""
+        """The live receipt and receipts made up from it (docs/reference/semantics.md §5: none of them may settle the lease)."""
         r = self.receipt
         prefix, uid, gen, secret = r.split(".")
         other = self.ids["ready"]

@@ -1,9 +1,9 @@
-"""An in-memory model of django-fq's contract (SPEC §2–6, §9), for the state-machine test.
+"""An in-memory model of django-fq's contract (docs/reference/semantics.md §2–6, §9), for the state-machine test.
 
 It knows nothing of the database: it keeps queues, jobs, leases, idempotency
 tokens and totals as plain Python objects, with a clock that only moves when
 the test moves it (the test freezes the database clock at the same instant).
-Every verb answers what the SPEC says the real one must answer:
+Every verb answers what docs/reference/semantics.md says the real one must answer:
 
 * ``("ok", value)`` — the normalised return value, or
 * ``("err", code)`` — the :class:`~django_fq.exceptions.FqError` code it must raise,
@@ -13,7 +13,7 @@ database. Ids are not predictable, so a job an enqueue creates gets a
 placeholder id (``"<new>N"``) and the test gives it the id the real call
 returned with :meth:`Model.rename`.
 
-The model is written from the SPEC, not from the code: where the two differ the
+The model is written from docs/reference/semantics.md, not from the code: where the two differ the
 test fails, and one of them is wrong.
 """
 
@@ -106,7 +106,7 @@ class MQueue:
 
 
 def error_text(value) -> str:
-    """What the engine stores for an error message (SPEC §9: capped at 64 KiB)."""
+    """What the engine stores for an error message (docs/reference/semantics.md §9: capped at 64 KiB)."""
     if value is None:
         return ""
     data = value.replace("\x00", "\\0").encode("utf-8", "replace")
@@ -163,7 +163,7 @@ class Model:
         return out
 
     def claim_order(self, queue: str, state: str) -> list[str]:
-        """Ids of ``queue``'s jobs in ``state`` (ready or scheduled) in listing order (SPEC §9)."""
+        """Ids of ``queue``'s jobs in ``state`` (ready or scheduled) in listing order (docs/reference/semantics.md §9)."""
         picked = [j for j in self.jobs_of(queue) if self.reported(j) == state]
         if state == "ready":
             picked.sort(key=lambda j: (-j.priority, j.seq))

@@ -243,7 +243,7 @@ def test_nul_bytes_and_lone_surrogates_in_every_text_argument(world, argv, value
     """Every command refuses NUL and lone surrogates in any name, id, key or path, by name, changing nothing.
 
     Error texts are the exception: they are stored with NUL escaped and lone
-    surrogates replaced (SPEC §9 caps them; it does not refuse them).
+    surrogates replaced (docs/reference/semantics.md §9 caps them; it does not refuse them).
     """
     argv = [a.replace("{v}", value).replace("{r}", world.receipt) for a in argv]
     outcomes = [check_run(argv, None, as_json, snapshot()) for as_json in (False, True)]

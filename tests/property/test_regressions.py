@@ -18,7 +18,7 @@ def _with_generation(receipt: str, generation: int | str) -> str:
 
 
 def test_a_settle_repeated_with_an_edited_generation_is_refused_not_replayed():
-    """SPEC §9: only the very same receipt replays a settle; one with its generation edited is forged.
+    """docs/reference/semantics.md §9: only the very same receipt replays a settle; one with its generation edited is forged.
 
     Found by the state machine: ``_replay_or_error`` compared the secret only,
     so ``fq1.<id>.<gen±1>.<secret>`` replayed the recorded nack.

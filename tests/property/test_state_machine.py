@@ -3,7 +3,7 @@
 Each step runs one verb through :mod:`django_fq.services` (on SQLite or
 PostgreSQL, whichever ``FQ_TEST_DB`` picks; django-fq owns its transactions,
 as in production) and the same verb on the in-memory model of
-:mod:`tests.property.model`, written from SPEC §2–6 and §9. The step passes when
+:mod:`tests.property.model`, written from docs/reference/semantics.md §2–6 and §9. The step passes when
 both answer the same — return values field by field, or the same error code —
 and after every step the invariants compare the whole database with the model:
 
@@ -294,7 +294,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.model = trial
 
     def do_fill_the_queue(self, data):
-        """Enqueue plain jobs until the queue is full (SPEC §3, §9): a batch one job too big, then one by one.
+        """Enqueue plain jobs until the queue is full (docs/reference/semantics.md §3, §9): a batch one job too big, then one by one.
 
         The batch is refused whole; single enqueues succeed until the limit,
         the next one is refused with ``queue_full`` and changes nothing.
@@ -436,7 +436,7 @@ class QueueMachine(RuleBasedStateMachine):
         self._repair("cancel", queue, job.id)
 
     def do_repeat_a_settle(self, data):
-        """The very same call again (SPEC §9): a replay while it is the job's last settle, else refused.
+        """The very same call again (docs/reference/semantics.md §9): a replay while it is the job's last settle, else refused.
 
         With ``forge``, the receipt's generation is edited first: a forged
         receipt, not a repeat, so it is refused whatever it repeats.
@@ -493,7 +493,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.model = trial
 
     def do_list_jobs(self, data):
-        """``jobs``: ready in claim order, scheduled by run_at then claim order; pages follow on (SPEC §9)."""
+        """``jobs``: ready in claim order, scheduled by run_at then claim order; pages follow on (docs/reference/semantics.md §9)."""
         queue = data.draw(st.sampled_from(QUEUES), label="queue")
         state = data.draw(st.sampled_from(["ready", "scheduled"]), label="state")
         count = data.draw(st.sampled_from([1, 2, 1000]), label="count")
@@ -550,7 +550,7 @@ class QueueMachine(RuleBasedStateMachine):
     def do_race_the_deadline(self, data):
         """The clock reaches a lease's deadline, 1 ms before it, or 1 ms after it, and its holder acts.
 
-        SPEC §5: the lease is valid strictly before its deadline; at the exact
+        docs/reference/semantics.md §5: the lease is valid strictly before its deadline; at the exact
         deadline every use of the receipt is refused and changes nothing. One
         millisecond before it, the holder extends (always accepted); then the
         clock goes to the new deadline, or past it, and the holder tries again.

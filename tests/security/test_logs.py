@@ -1,4 +1,4 @@
-"""Receipts never reach logs, error messages or error reports (SPEC §5) — Python API, SQL debug log, CLI, REST.
+"""Receipts never reach logs, error messages or error reports (docs/reference/semantics.md §5) — Python API, SQL debug log, CLI, REST.
 
 Every logger is captured at DEBUG, with ``DEBUG = True`` so Django's
 ``django.db.backends`` logger writes each SQL statement with its parameters.

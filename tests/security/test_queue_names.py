@@ -1,4 +1,4 @@
-"""Queue names are checked on every interface before anything is read or written (SPEC §2).
+"""Queue names are checked on every interface before anything is read or written (docs/reference/semantics.md §2).
 
 A name is 1-200 characters of ASCII ``[A-Za-z0-9:._-]``. Everything else —
 empty, too long, NUL, newlines, Unicode look-alikes and digits, path-ish

@@ -1,4 +1,4 @@
-"""Receipts as capabilities (SPEC §5, §9): unguessable, stored hashed, compared in constant time, one per lease."""
+"""Receipts as capabilities (docs/reference/semantics.md §5, §9): unguessable, stored hashed, compared in constant time, one per lease."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Claims (SPEC §5): bounds, order, concurrency, the 32 MiB cap, long polls."""
+"""Claims (docs/reference/semantics.md §5): bounds, order, concurrency, the 32 MiB cap, long polls."""
 
 from __future__ import annotations
 

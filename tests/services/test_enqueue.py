@@ -1,4 +1,4 @@
-"""Enqueue (SPEC §3, §4, §9): payloads, options, idempotency, unique keys, bulk, limits, transactions."""
+"""Enqueue (docs/reference/semantics.md §3, §4, §9): payloads, options, idempotency, unique keys, bulk, limits, transactions."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Leases and receipts (SPEC §5, §9): deadlines, ack, nack, extend, release, invalid receipts."""
+"""Leases and receipts (docs/reference/semantics.md §5, §9): deadlines, ack, nack, extend, release, invalid receipts."""
 
 from __future__ import annotations
 

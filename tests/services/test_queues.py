@@ -1,4 +1,4 @@
-"""Queues and their policy (SPEC §2): configure, policy, queues, delete_queue."""
+"""Queues and their policy (docs/reference/semantics.md §2): configure, policy, queues, delete_queue."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db
 
 DAY = 86_400_000
 
-#: (field, lowest accepted, highest accepted) per SPEC §2.
+#: (field, lowest accepted, highest accepted) per docs/reference/semantics.md §2.
 BOUNDS = [
     ("concurrency", 0, 100_000),
     ("max_attempts", 1, 1000),

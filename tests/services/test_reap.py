@@ -1,4 +1,4 @@
-"""Expiry handling (SPEC §5, §9): reap turns expired leases into failed attempts."""
+"""Expiry handling (docs/reference/semantics.md §5, §9): reap turns expired leases into failed attempts."""
 
 from __future__ import annotations
 

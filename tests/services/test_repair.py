@@ -1,4 +1,4 @@
-"""Repair and inspection (SPEC §6, §9): retry, cancel, get, jobs, wait."""
+"""Repair and inspection (docs/reference/semantics.md §6, §9): retry, cancel, get, jobs, wait."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Stats and prune (SPEC §6, §9): counts, totals, wait/run times, retention."""
+"""Stats and prune (docs/reference/semantics.md §6, §9): counts, totals, wait/run times, retention."""
 
 from __future__ import annotations
 
