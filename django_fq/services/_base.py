@@ -117,7 +117,10 @@ def get_or_create_queue(name: str, *, lock: bool = False) -> Queue:
                     manager(Queue).create(name=name, created_at=db.DbNow())
         except IntegrityError:
             continue  # created concurrently (and maybe deleted again since): look again
-        return get_queue(name, lock=lock)
+        try:
+            return get_queue(name, lock=lock)
+        except QueueNotFound:
+            continue  # deleted again between its creation and this read: create it again
     raise QueueNotFound(f"queue {name} is being created and deleted concurrently; try again", field="queue")
 
 
