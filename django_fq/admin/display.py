@@ -183,6 +183,8 @@ class FqModelAdmin(admin.ModelAdmin):
             raise DisallowedModelAdminLookup(f"Filtering by {lookup} not allowed: the value holds a NUL character")
         if lookup in self.url_lookups:
             path, op = lookup, "exact"
+            if op not in self.url_lookups[lookup]:
+                return False
         else:
             path, _, op = lookup.rpartition("__")
             if not path or op not in self.url_lookups.get(path, ()):
