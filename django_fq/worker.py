@@ -257,6 +257,13 @@ class _LeaseState:
         return f"<lease deadline={self.deadline} lost={self.lost_reason()}>"
 
 
+#: The end of the worker's "no handler" errors: where a new user registers one.
+_WHERE_HANDLERS_GO = (
+    "register one with @handler('<queue>') in the fq_handlers module of an installed app, "
+    "or in FQ_HANDLERS (see docs/quickstart.md)"
+)
+
+
 class JobContext:
     """What a handler gets about the job it runs (also from :func:`current_job`).
 
@@ -603,10 +610,12 @@ class Worker:
         if not wanted:
             wanted = sorted(known)
             if not wanted:
-                raise WorkerConfigError("no handlers are registered, so there is no queue to serve")
+                raise WorkerConfigError(f"no handlers are registered, so there is no queue to serve; {_WHERE_HANDLERS_GO}")
         missing = [q for q in wanted if q not in known]
         if missing:
-            raise WorkerConfigError(f"no handler is registered for queue(s): {', '.join(missing)}")
+            raise WorkerConfigError(
+                f"no handler is registered for queue(s): {', '.join(missing)}; {_WHERE_HANDLERS_GO}"
+            )
         if not 1 <= concurrency <= MAX_CLAIM:
             raise WorkerConfigError(f"concurrency must be between 1 and {MAX_CLAIM}")
         if not 0 <= prefetch <= MAX_PREFETCH:

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections.abc import Mapping
 from typing import ClassVar, overload
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.exceptions import DisallowedModelAdminLookup
-from django.db.models import Q
+from django.contrib.admin.utils import NotRelationField, get_fields_from_path
+from django.core.exceptions import FieldDoesNotExist
+from django.db.models import IntegerField, Q
+from django.http import HttpResponseRedirect
 from django.utils.html import format_html
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -114,6 +119,34 @@ def names_a_digest(lookup: str) -> bool:
     return any(part in DIGEST_FIELDS for part in lookup.split("__"))
 
 
+_INT64_MAX = 2**63 - 1
+_INT64_MIN = -(2**63)
+#: A row id as a form posts it (what ``_selected_action`` holds).
+_ID = re.compile(r"[0-9]{1,19}")
+#: An integer as a URL filter may spell it (Django reads it with ``int()``).
+_INT = re.compile(r"\s*[+-]?[0-9]+\s*")
+
+
+def ints_in_range(value: object, *, many: bool = False) -> bool:
+    """Whether no integer in ``value`` (a URL parameter; comma-separated when ``many``) is past 64 bits.
+
+    A part that is not an integer at all passes: Django refuses it itself (the
+    list page answers with its ``?e=1`` redirect).
+    """
+    if isinstance(value, (list, tuple)):
+        return all(ints_in_range(v, many=many) for v in value)
+    if not isinstance(value, str):
+        return True
+    for part in value.split(",") if many else (value,):
+        if not _INT.fullmatch(part):
+            continue
+        digits = part.strip().lstrip("+-").lstrip("0")
+        # Length first: int() of thousands of digits is slow, and refused past 4300.
+        if len(digits) > 19 or not _INT64_MIN <= int(part) <= _INT64_MAX:
+            return False
+    return True
+
+
 def has_nul(value: object) -> bool:
     """Whether ``value`` (a URL parameter: a string or a list of them) holds a NUL character.
 
@@ -149,9 +182,42 @@ class FqModelAdmin(admin.ModelAdmin):
         if has_nul(value):
             raise DisallowedModelAdminLookup(f"Filtering by {lookup} not allowed: the value holds a NUL character")
         if lookup in self.url_lookups:
-            return "exact" in self.url_lookups[lookup]
-        field, _, op = lookup.rpartition("__")
-        return bool(field) and op in self.url_lookups.get(field, ())
+            path, op = lookup, "exact"
+            if op not in self.url_lookups[lookup]:
+                return False
+        else:
+            path, _, op = lookup.rpartition("__")
+            if not path or op not in self.url_lookups.get(path, ()):
+                return False
+        if self._integer_path(path) and not ints_in_range(value, many=op == "in"):
+            # SQLite cannot bind such an int at all ("Python int too large") and Django
+            # passes it on for __in: a 500 otherwise. No row has such an id.
+            raise DisallowedModelAdminLookup(f"Filtering by {lookup} not allowed: the value is out of range")
+        return True
+
+    def _integer_path(self, path: str) -> bool:
+        """Whether the URL field path ``path`` (``queue``, ``queue__id``) ends on an integer column."""
+        try:
+            field = get_fields_from_path(self.model, path)[-1]
+        except (FieldDoesNotExist, NotRelationField):
+            return False
+        target = getattr(field, "target_field", None) if field.is_relation else field
+        return isinstance(target, IntegerField)
+
+    def response_action(self, request, queryset, *args, **kwargs):
+        """Run a bulk action, refusing a selection that is not a list of row ids (a forged POST).
+
+        Django filters ``pk__in`` with the posted values as they are, so a value
+        that is not an integer, or one past 64 bits, ended in a 500. Here it is
+        an error message and nothing is changed.
+        """
+        selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        if not all(_ID.fullmatch(v) and int(v) <= _INT64_MAX for v in selected):  # _ID: at most 19 digits
+            self.message_user(
+                request, "The selection is not a list of row ids; nothing was changed.", messages.ERROR
+            )
+            return HttpResponseRedirect(request.get_full_path())
+        return super().response_action(request, queryset, *args, **kwargs)  # Django 6.1: action_location
 
     def get_search_results(self, request, queryset, search_term):
         if has_nul(search_term):

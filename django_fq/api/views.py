@@ -370,6 +370,7 @@ class QueueDetailView(FqAPIView):
         tags=["queues"],
     )
     def delete(self, request, queue):
+        _body(request, set())  # no fields: an unknown one is refused, not ignored
         services.delete_queue(queue)
         return Response({"queue": queue, "deleted": True})
 
@@ -556,6 +557,7 @@ class JobRetryView(FqAPIView):
         tags=["jobs"],
     )
     def post(self, request, queue, job_id):
+        _body(request, set())  # no fields: an unknown one is refused, not ignored
         return Response(_job(services.retry(queue, _job_id(queue, job_id))))
 
 
@@ -573,6 +575,7 @@ class JobCancelView(FqAPIView):
         tags=["jobs"],
     )
     def post(self, request, queue, job_id):
+        _body(request, set())  # no fields: an unknown one is refused, not ignored
         return Response(_job(services.cancel(queue, _job_id(queue, job_id))))
 
 

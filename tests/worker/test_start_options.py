@@ -97,3 +97,20 @@ def test_a_valid_long_worker_id_still_works():
 def test_prefetch_out_of_range_is_an_option_error():
     with pytest.raises(CommandError, match="--prefetch"):
         call_command("fq_worker", f"--queue={Q}", "--burst", "--no-progress", "--prefetch=10001")
+
+
+def test_no_handler_at_all_says_where_handlers_go():
+    """A new project with no handler yet: the error says how to register one (docs/quickstart.md, "A handler")."""
+    with pytest.raises(WorkerConfigError) as info:
+        Worker([], handlers={}, burst=True)
+    message = str(info.value)
+    assert message.startswith("no handlers are registered, so there is no queue to serve")
+    assert "@handler" in message and "fq_handlers" in message and "FQ_HANDLERS" in message
+
+
+def test_a_queue_without_a_handler_says_where_handlers_go():
+    with pytest.raises(WorkerConfigError) as info:
+        Worker(["t.nohandler"], handlers={Q: ok_handler}, burst=True)
+    message = str(info.value)
+    assert message.startswith("no handler is registered for queue(s): t.nohandler")
+    assert "@handler" in message and "fq_handlers" in message and "FQ_HANDLERS" in message
