@@ -18,6 +18,8 @@ bodies and in the services' arguments stay out of those reports.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from contextlib import contextmanager
 from dataclasses import asdict
 
@@ -28,7 +30,7 @@ from django.views.decorators.debug import sensitive_variables
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from rest_framework import status
-from rest_framework.exceptions import UnsupportedMediaType
+from rest_framework.exceptions import AuthenticationFailed, UnsupportedMediaType
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -137,6 +139,20 @@ class FqAPIView(APIView):
     def get_exception_handler(self):
         return exception_handler
 
+    def perform_authentication(self, request):
+        """Refuse credentials holding a NUL character (401) before any authentication class looks them up.
+
+        HTTP Basic sends the user name base64-encoded, so it may hold a NUL
+        although no header can; PostgreSQL cannot compare such text and the
+        user lookup would fail with ``DataError`` (a 500). No user name or
+        token holds one, so the request cannot authenticate anyway. See
+        docs/security.md ("Credentials the database cannot compare").
+        """
+        problem = credentials_problem(request.META.get("HTTP_AUTHORIZATION", ""))
+        if problem:
+            raise AuthenticationFailed(problem)
+        super().perform_authentication(request)
+
     def initial(self, request, *args, **kwargs):
         """Authenticate, check permissions and throttles, then refuse a write that is not JSON.
 
@@ -165,6 +181,27 @@ class FqAPIView(APIView):
 
 
 # --- request helpers ----------------------------------------------------------------------------
+
+
+def credentials_problem(authorization: str) -> str | None:
+    """Why the ``Authorization`` header ``authorization`` cannot name a user, or ``None``.
+
+    A NUL character in the header itself, or in the user name or password of
+    ``Basic`` credentials once decoded (UTF-8, else Latin-1, as DRF reads
+    them). Malformed Basic credentials are left to the authentication class.
+    """
+    if "\x00" in authorization:
+        return "invalid credentials: the Authorization header holds a NUL character"
+    scheme, _, value = authorization.strip().partition(" ")
+    if scheme.lower() != "basic" or not value.strip():
+        return None
+    try:
+        raw = base64.b64decode(value.strip(), validate=False)
+    except (binascii.Error, ValueError):
+        return None
+    if b"\x00" in raw:  # the same NUL in UTF-8 and in Latin-1
+        return "invalid credentials: the Basic user name or password holds a NUL character"
+    return None
 
 
 def _body(request, allowed, *, required=()) -> dict:
