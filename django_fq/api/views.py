@@ -18,11 +18,10 @@ bodies and in the services' arguments stay out of those reports.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from contextlib import contextmanager
 from dataclasses import asdict
 
+from django.conf import settings
 from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -35,7 +34,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import services
+from .. import services, validation
 from ..exceptions import CountOutOfRange, FqError, InvalidArgument, InvalidJson, InvalidTime, QueueNotFound
 from ..services.enqueue import ENVELOPE_KEYS
 from ..services.jobs import job_not_found
@@ -140,15 +139,19 @@ class FqAPIView(APIView):
         return exception_handler
 
     def perform_authentication(self, request):
-        """Refuse credentials holding a NUL character (401) before any authentication class looks them up.
+        """Refuse credentials holding a NUL character before any authentication class looks them up.
 
-        HTTP Basic sends the user name base64-encoded, so it may hold a NUL
+        HTTP Basic sends the user name base64-encoded, and Django unquotes
+        ``"\\000"`` in a cookie, so a user name or a session key may hold a NUL
         although no header can; PostgreSQL cannot compare such text and the
-        user lookup would fail with ``DataError`` (a 500). No user name or
-        token holds one, so the request cannot authenticate anyway. See
+        lookup would fail with ``DataError`` (a 500). No user name, token or
+        session key holds one, so the request cannot authenticate anyway: it
+        gets ``authentication_failed`` (401, or 403 without a scheme). See
         docs/security.md ("Credentials the database cannot compare").
         """
-        problem = credentials_problem(request.META.get("HTTP_AUTHORIZATION", ""))
+        problem = validation.credentials_problem(
+            request.META.get("HTTP_AUTHORIZATION", ""), request.COOKIES.get(settings.SESSION_COOKIE_NAME)
+        )
         if problem:
             raise AuthenticationFailed(problem)
         super().perform_authentication(request)
@@ -182,26 +185,6 @@ class FqAPIView(APIView):
 
 # --- request helpers ----------------------------------------------------------------------------
 
-
-def credentials_problem(authorization: str) -> str | None:
-    """Why the ``Authorization`` header ``authorization`` cannot name a user, or ``None``.
-
-    A NUL character in the header itself, or in the user name or password of
-    ``Basic`` credentials once decoded (UTF-8, else Latin-1, as DRF reads
-    them). Malformed Basic credentials are left to the authentication class.
-    """
-    if "\x00" in authorization:
-        return "invalid credentials: the Authorization header holds a NUL character"
-    scheme, _, value = authorization.strip().partition(" ")
-    if scheme.lower() != "basic" or not value.strip():
-        return None
-    try:
-        raw = base64.b64decode(value.strip(), validate=False)
-    except (binascii.Error, ValueError):
-        return None
-    if b"\x00" in raw:  # the same NUL in UTF-8 and in Latin-1
-        return "invalid credentials: the Basic user name or password holds a NUL character"
-    return None
 
 
 def _body(request, allowed, *, required=()) -> dict:
