@@ -154,7 +154,7 @@ class FqAPIView(APIView):
         )
         if problem:
             raise AuthenticationFailed(problem)
-        super().perform_authentication(request)
+        APIView.perform_authentication(self, request)  # not super(): the schema view borrows this method
 
     def initial(self, request, *args, **kwargs):
         """Authenticate, check permissions and throttles, then refuse a write that is not JSON.

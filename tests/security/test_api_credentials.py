@@ -72,3 +72,10 @@ def test_real_basic_credentials_still_work():
     r = _post(_basic(user.get_username(), "pw"))
     assert r.status_code == 201, r.content
     assert _post(_basic(user.get_username(), "wrong")).status_code == 401
+
+
+@pytest.mark.parametrize("authorization", [_basic("a\x00b", "pw"), "Token abc\x00def"], ids=["basic", "token"])
+def test_the_schema_refuses_a_nul_in_the_credentials_too(authorization):
+    r = DjangoClient().get(url("schema"), HTTP_AUTHORIZATION=authorization)
+    assert r.status_code == 401, (r.status_code, r.content[:300])
+    assert r.json()["code"] == "authentication_failed"
