@@ -6,6 +6,8 @@ naming the offending field, before anything is written.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as dt
 import json
 import math
@@ -340,4 +342,31 @@ def task_modules_problem(value: object) -> str | None:
     for item in value:
         if not isinstance(item, str) or not dotted_name(item):
             return f"FQ_TASK_MODULES must be a list of module names; {item!r} is not a dotted module name"
+    return None
+
+
+def credentials_problem(authorization: str, session_key: str | None = None) -> str | None:
+    """Why a request's credentials cannot name a user, or ``None``: a NUL character somewhere in them.
+
+    ``authorization`` is the ``Authorization`` header (``""`` if none); its
+    NUL may also hide in the user name or password of ``Basic`` credentials
+    once decoded (the same byte in UTF-8 and Latin-1, as DRF reads them).
+    ``session_key`` is the session cookie's value as Django parsed it (it
+    unquotes ``"\\000"``). PostgreSQL cannot compare text holding NUL, so such
+    credentials must never reach a lookup. Malformed Basic credentials are
+    left to the authentication class.
+    """
+    if session_key and "\x00" in session_key:
+        return "invalid credentials: the session cookie holds a NUL character"
+    if "\x00" in authorization:
+        return "invalid credentials: the Authorization header holds a NUL character"
+    scheme, _, value = authorization.strip().partition(" ")
+    if scheme.lower() != "basic" or not value.strip():
+        return None
+    try:
+        raw = base64.b64decode(value.strip(), validate=False)
+    except (binascii.Error, ValueError):
+        return None
+    if b"\x00" in raw:  # the same NUL in UTF-8 and in Latin-1
+        return "invalid credentials: the Basic user name or password holds a NUL character"
     return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import json
+from collections.abc import Iterable, Iterator
 
 from django.utils.http import parse_header_parameters
 from rest_framework.exceptions import UnsupportedMediaType
@@ -64,7 +65,7 @@ class FqJSONParser(BaseParser):
         if len(raw) > limit:
             raise PayloadTooLarge(f"the request body exceeds {limit} bytes", limit=limit)
         max_values = conf.max_body_values()
-        if _values_over(raw, max_values):
+        if _values_over(raw, max_values, encoding):
             raise PayloadTooLarge(
                 f"the request body holds more than {max_values} JSON values (FQ_API_MAX_BODY_VALUES)",
                 field=getattr(view, "values_field", None),
@@ -120,30 +121,56 @@ def _shown(name: str) -> str:
 _COUNT_CHUNK = 1 << 20
 
 
-def _values_over(raw: bytes, limit: int) -> bool:
-    """True when the JSON text ``raw`` holds more than ``limit`` values (array items and object members).
+def _values_over(raw: bytes, limit: int, encoding: str = "utf-8") -> bool:
+    """True when the JSON text ``raw`` (in ``encoding``) holds more than ``limit`` values.
 
-    Counted on the bytes, outside strings: one per comma and per opening bracket,
-    plus one. An upper bound of it comes from three byte counts; only when that
-    bound is over ``limit`` are strings told apart, a chunk at a time, so the
-    count never copies more than :data:`_COUNT_CHUNK` bytes.
+    Values are array items and object members, counted outside strings: one
+    per comma and per opening bracket, plus one. For UTF-8 an upper bound of
+    it comes from three byte counts; only when that bound is over ``limit``
+    are strings told apart, a chunk at a time, so the count never copies more
+    than :data:`_COUNT_CHUNK` bytes. Other charsets spell the punctuation with
+    other bytes (EBCDIC has no 0x2C comma, a UTF-16 "∀" holds a 0x22 quote
+    byte), so such a body is decoded a chunk at a time and counted on its
+    characters, never decoded whole for the count.
     """
-    if raw.count(b",") + raw.count(b"[") + raw.count(b"{") + 1 <= limit:
+    if codecs.lookup(encoding).name == "utf-8":
+        if raw.count(b",") + raw.count(b"[") + raw.count(b"{") + 1 <= limit:
+            return False
+        chunks: Iterable[bytes] = (raw[i : i + _COUNT_CHUNK] for i in range(0, len(raw), _COUNT_CHUNK))
+    elif len(raw) + 1 <= limit:  # every value takes a character, and every character a byte at least
         return False
-    total, inside, start, size = 1, False, 0, len(raw)
-    while start < size:
-        end = min(start + _COUNT_CHUNK, size)
-        while end < size and raw[end - 1] == 0x5C:  # never split an escape sequence between chunks
-            end += 1
-        shape = raw[start:end].replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_COUNTED)
-        pieces = shape.split(b'"')
-        for piece in pieces[1 if inside else 0 :: 2]:  # the pieces outside strings
-            total += piece.count(b",") + piece.count(b"[") + piece.count(b"{")
-        inside ^= (len(pieces) - 1) % 2 == 1
-        if total > limit:
-            return True
-        start = end
+    else:
+        chunks = _utf8_chunks(raw, encoding)
+    total, inside, carry = 1, False, b""
+    try:
+        for chunk in chunks:
+            data = carry + chunk
+            # A backslash ending the chunk escapes the next chunk's first byte: carry it over
+            # (only its parity matters: pairs are escaped backslashes, dropped below).
+            trailing = len(data) - len(data.rstrip(b"\\"))
+            carry = b"\\" if trailing % 2 else b""
+            shape = data[: len(data) - trailing % 2].replace(b"\\\\", b"").replace(b'\\"', b"")
+            pieces = shape.translate(None, _NOT_COUNTED).split(b'"')
+            for piece in pieces[1 if inside else 0 :: 2]:  # the pieces outside strings
+                total += piece.count(b",") + piece.count(b"[") + piece.count(b"{")
+            inside ^= (len(pieces) - 1) % 2 == 1
+            if total > limit:
+                return True
+    except UnicodeError:  # not text in its charset: the decoding that follows says so
+        return False
     return False
+
+
+def _utf8_chunks(raw: bytes, encoding: str) -> Iterator[bytes]:
+    """``raw`` decoded from ``encoding`` and encoded as UTF-8, :data:`_COUNT_CHUNK` bytes of it at a time."""
+    try:
+        decoder = codecs.getincrementaldecoder(encoding)()
+    except LookupError:  # a codec without an incremental decoder: decode it whole
+        yield raw.decode(encoding).encode("utf-8", "surrogatepass")
+        return
+    for i in range(0, len(raw), _COUNT_CHUNK):
+        piece = raw[i : i + _COUNT_CHUNK]
+        yield decoder.decode(piece, final=i + _COUNT_CHUNK >= len(raw)).encode("utf-8", "surrogatepass")
 
 
 def _content_length(request) -> int | None:

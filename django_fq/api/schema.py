@@ -82,6 +82,7 @@ class SchemaView(SpectacularAPIView):
     get_authenticators = FqAPIView.get_authenticators
     get_permissions = FqAPIView.get_permissions
     get_exception_handler = FqAPIView.get_exception_handler
+    perform_authentication = FqAPIView.perform_authentication  # credentials holding NUL: refused (401/403)
 
     @classmethod
     def as_view(cls, **initkwargs):

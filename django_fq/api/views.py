@@ -21,6 +21,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import asdict
 
+from django.conf import settings
 from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -28,12 +29,12 @@ from django.views.decorators.debug import sensitive_variables
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from rest_framework import status
-from rest_framework.exceptions import UnsupportedMediaType
+from rest_framework.exceptions import AuthenticationFailed, UnsupportedMediaType
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import services
+from .. import services, validation
 from ..exceptions import CountOutOfRange, FqError, InvalidArgument, InvalidJson, InvalidTime, QueueNotFound
 from ..services.enqueue import ENVELOPE_KEYS
 from ..services.jobs import job_not_found
@@ -137,6 +138,24 @@ class FqAPIView(APIView):
     def get_exception_handler(self):
         return exception_handler
 
+    def perform_authentication(self, request):
+        """Refuse credentials holding a NUL character before any authentication class looks them up.
+
+        HTTP Basic sends the user name base64-encoded, and Django unquotes
+        ``"\\000"`` in a cookie, so a user name or a session key may hold a NUL
+        although no header can; PostgreSQL cannot compare such text and the
+        lookup would fail with ``DataError`` (a 500). No user name, token or
+        session key holds one, so the request cannot authenticate anyway: it
+        gets ``authentication_failed`` (401, or 403 without a scheme). See
+        docs/security.md ("Credentials the database cannot compare").
+        """
+        problem = validation.credentials_problem(
+            request.META.get("HTTP_AUTHORIZATION", ""), request.COOKIES.get(settings.SESSION_COOKIE_NAME)
+        )
+        if problem:
+            raise AuthenticationFailed(problem)
+        APIView.perform_authentication(self, request)  # not super(): the schema view borrows this method
+
     def initial(self, request, *args, **kwargs):
         """Authenticate, check permissions and throttles, then refuse a write that is not JSON.
 
@@ -165,6 +184,7 @@ class FqAPIView(APIView):
 
 
 # --- request helpers ----------------------------------------------------------------------------
+
 
 
 def _body(request, allowed, *, required=()) -> dict:

@@ -36,7 +36,7 @@ from django.utils.connection import ConnectionDoesNotExist
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 
-from .. import health
+from .. import health, validation
 
 log = logging.getLogger("django_fq.metrics")
 
@@ -66,6 +66,8 @@ def allowed(request: HttpRequest) -> bool:
         scheme, _, given = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
         if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
             return True
+    if validation.credentials_problem("", request.COOKIES.get(settings.SESSION_COOKIE_NAME)):
+        return False  # a session key with NUL: looking it up would be a DataError on PostgreSQL, not a user
     user = getattr(request, "user", None)
     return bool(user is not None and user.is_authenticated and user.is_active and user.is_staff)
 

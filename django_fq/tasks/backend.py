@@ -426,7 +426,9 @@ class FqBackend(tasks.BaseTaskBackend):
         """The ``TaskResult`` of job ``result_id`` (or of a provisional on-commit id), from any process.
 
         Raises ``TaskResultDoesNotExist`` when no queue of this backend holds
-        a task job with that id (also once a finished job was pruned).
+        a task job with that id (also once a finished job was pruned), and for
+        an id no job or token can have (not a string, empty, a NUL or a lone
+        surrogate, over 255 characters): such an id often comes from a URL.
         """
         if not isinstance(result_id, str) or not result_id:
             raise tasks.TaskResultDoesNotExist(result_id)
@@ -443,7 +445,11 @@ class FqBackend(tasks.BaseTaskBackend):
 
     def _job_by_token(self, token: str):
         """The job an idempotency token of one of our queues points to (provisional on-commit ids)."""
-        if len(token) > validation.MAX_KEY_LENGTH:
+        try:
+            # No stored token is longer than 255 characters or holds a NUL or a lone surrogate, and
+            # the database could not even compare one that does (DataError, UnicodeEncodeError).
+            validation.key(token, "result_id")
+        except InvalidArgument:
             return None
         from ..models import IdempotencyToken
 

@@ -163,6 +163,45 @@ def test_the_value_count_ignores_commas_and_brackets_inside_strings(api, setting
     err(r, 413, "payload_too_large", "jobs")
 
 
+#: Charsets that spell the JSON punctuation with other bytes than UTF-8 does: EBCDIC (no 0x2C comma
+#: at all), and UTF-16/32, where characters such as "∀" (U+2200) carry a 0x22 quote byte.
+OTHER_CHARSETS = ("cp500", "utf-16", "utf-32")
+
+
+@pytest.mark.parametrize("charset", OTHER_CHARSETS)
+def test_the_value_count_holds_in_every_charset(api, settings, charset):
+    """The body's values are counted in the characters of its charset, not on its raw bytes."""
+    settings.FQ_API_MAX_BODY_VALUES = 100
+    services.configure(Q)
+    first = "a" if charset == "cp500" else "∀"  # cp500 has no "∀"
+    body = json.dumps({"payload": [first, *range(200)]}, ensure_ascii=False).encode(charset)
+    r = post(api, "jobs", body, Q, content_type=f"application/json; charset={charset}")
+    err(r, 413, "payload_too_large")
+    body = json.dumps({"jobs": [{"payload": first}] + [{"payload": i} for i in range(60)]}, ensure_ascii=False)
+    r = post(api, "enqueue-bulk", body.encode(charset), Q, content_type=f"application/json; charset={charset}")
+    err(r, 413, "payload_too_large", "jobs")
+    assert services.stats(Q).totals["enqueued"] == 0
+    small = json.dumps({"payload": [first, 1, 2]}, ensure_ascii=False).encode(charset)
+    r = post(api, "jobs", small, Q, content_type=f"application/json; charset={charset}")
+    assert r.status_code == 201, r.content  # a body within the count still works in that charset
+
+
+def test_a_bulk_of_ten_million_empty_objects_in_ebcdic_is_refused_without_building_them(api):
+    """The ten-million-objects body of the test above, sent as ``charset=cp500``: no 0x2C byte in it."""
+    raw = ('{"jobs":[' + ",".join(["{}"] * 10_000_000) + "]}").encode("cp500")
+    assert b"," not in raw and len(raw) <= api_conf.max_bulk_body_bytes()
+    tracemalloc.start()
+    try:
+        r = post(api, "enqueue-bulk", raw, Q, content_type="application/json; charset=cp500")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    err(r, 413, "payload_too_large", "jobs")
+    # The body (30 MiB) and its text (30 MiB) once each; decoding it as JSON would cost about 900 MiB.
+    assert peak < 3 * len(raw), peak
+    assert services.queues() == []
+
+
 def test_too_many_envelopes_are_refused_naming_jobs(api, settings):
     settings.FQ_API_MAX_BULK_JOBS = 5
     r = post(api, "enqueue-bulk", json.dumps({"jobs": [{"payload": i} for i in range(6)]}), Q)
