@@ -75,7 +75,7 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Case, F, Field, Value, When
 
 from . import conf, db, validation
-from .exceptions import FqError, InvalidArgument, InvalidBackup, QueueNotFound, TooManyQueues
+from .exceptions import ImportConflict, InvalidArgument, InvalidBackup, QueueNotFound, TooManyQueues
 from .models import IdempotencyToken, Job, Queue
 from .services._base import (
     JOB,
@@ -370,13 +370,6 @@ class _DryRun(Exception):
 #: How many times :func:`import_jsonl` runs when rows committed concurrently get in its way.
 IMPORT_TRIES = 5
 _SPOOL_IN_MEMORY = 8 * 1024 * 1024  # bytes of an unseekable input kept in memory before it goes to a temporary file
-
-
-class ImportConflict(FqError):
-    """The import kept meeting concurrent writes (rows it meant to insert, a lock); nothing was imported."""
-
-    code = "import_conflict"
-    status = 409
 
 
 def import_jsonl(lines: Iterable[str | bytes], *, dry_run: bool = False, progress=None) -> ImportSummary:

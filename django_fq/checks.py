@@ -35,10 +35,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from . import conf, handlers, validation
-
-
-class HandlerLoadError(Exception):
-    """The job handlers cannot be loaded; the message is one line that says why."""
+from .exceptions import HandlerLoadError
 
 
 def load_handlers() -> None:
