@@ -41,6 +41,9 @@ class Store(abc.ABC):
     #: locks all of it: a first statement may meet "database is locked".
     embedded: ClassVar[bool]
 
+    #: The backend's name a backup records in its header (``"database"``): Django's vendor string.
+    export_name: ClassVar[str]
+
     #: SQL for the database clock in whole epoch milliseconds (a bigint), without the test offset
     #: :func:`django_fq.db.now_sql` adds. Code-written text only.
     clock_sql: ClassVar[str]
@@ -87,6 +90,21 @@ class Store(abc.ABC):
         """Close ``conn`` if holding it while idle costs the server something and it is safe; True if closed.
 
         Never inside an atomic block.
+        """
+
+    @abc.abstractmethod
+    def read_snapshot(self, conn: Any) -> contextlib.AbstractContextManager:
+        """A read-only transaction on ``conn`` (not in an atomic block) whose every read sees one snapshot.
+
+        Takes no write lock (an export must not stop the workers).
+        """
+
+    @abc.abstractmethod
+    def lock_queue_row(self, conn: Any, queue_table: str, queue_id: int) -> bool:
+        """Inside a write transaction: hold queue ``queue_id`` so a concurrent delete waits; False if it is gone.
+
+        ``queue_table`` is the queue model's table. Where the transaction
+        already holds the whole database (SQLite), no round trip: True.
         """
 
     # --- checks and start-up ---------------------------------------------------------------------

@@ -32,6 +32,7 @@ class PostgresStore(Store):
     supports_relaxed_commit = True
     supports_server_prepare = True
     embedded = False
+    export_name = vendor
     clock_sql = NOW_SQL
 
     def greatest_sql(self, a: str, b: str) -> str:
@@ -75,6 +76,19 @@ class PostgresStore(Store):
             return False
         conn.close()
         return True
+
+    @contextlib.contextmanager
+    def read_snapshot(self, conn: Any):
+        with transaction.atomic(using=conn.alias):
+            with conn.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            yield conn
+
+    def lock_queue_row(self, conn: Any, queue_table: str, queue_id: int) -> bool:
+        # FOR KEY SHARE, as enqueues take it: a concurrent delete of the queue waits.
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT id FROM {queue_table} WHERE id = %s FOR KEY SHARE", [queue_id])
+            return cur.fetchone() is not None
 
     def journal_mode(self, conn: Any) -> str | None:
         return None  # the server's write-ahead log serves every process

@@ -51,6 +51,7 @@ class SqliteStore(Store):
     supports_relaxed_commit = False
     supports_server_prepare = False
     embedded = True
+    export_name = vendor
     clock_sql = NOW_SQL
 
     def greatest_sql(self, a: str, b: str) -> str:
@@ -87,6 +88,16 @@ class SqliteStore(Store):
 
     def release_connection(self, conn: Any) -> bool:
         return False  # a connection is an open file: nothing to give back to a server
+
+    @contextlib.contextmanager
+    def read_snapshot(self, conn: Any):
+        # A deferred BEGIN: the first SELECT fixes the snapshot (WAL) and no write lock is taken,
+        # whatever transaction_mode the site uses for its own transactions.
+        with atomic(conn, "DEFERRED"):
+            yield conn
+
+    def lock_queue_row(self, conn: Any, queue_table: str, queue_id: int) -> bool:
+        return True  # the write transaction holds the whole database: no delete can run meanwhile
 
     def journal_mode(self, conn: Any) -> str | None:
         if conn.is_in_memory_db():

@@ -6,8 +6,10 @@ branches on the backend except through the store's own flags.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 
 from django_fq import db, storage
 from django_fq import services as fq
@@ -146,6 +148,50 @@ def test_release_connection():
     assert _one("SELECT 1") == (1,)  # Django reconnects on the next use
     connection.close()
     assert store.release_connection(connection) is False  # nothing to release
+
+
+@pytest.mark.django_db(transaction=True)
+def test_read_snapshot_sees_one_snapshot_and_takes_no_write_lock():
+    store = storage.for_connection(connection)
+    fq.configure("st:snap")
+    seen, errors = [], []
+    read, changed = threading.Event(), threading.Event()
+
+    def writer():
+        try:
+            read.wait(30)
+            # Commits while the snapshot is open: it would wait (and time out) behind a write lock.
+            fq.configure("st:snap-later")
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+            changed.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    with store.read_snapshot(connection):
+        assert connection.in_atomic_block
+        seen.append(Queue.objects.filter(name__startswith="st:snap").count())
+        read.set()
+        assert changed.wait(30)
+        seen.append(Queue.objects.filter(name__startswith="st:snap").count())
+    thread.join(30)
+    assert not errors
+    assert seen == [1, 1]  # the second read still sees the first one's snapshot
+    assert Queue.objects.filter(name__startswith="st:snap").count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lock_queue_row():
+    store = storage.for_connection(connection)
+    fq.configure("st:row")
+    qid = Queue.objects.get(name="st:row").id
+    with store.write_atomic(connection):
+        assert store.lock_queue_row(connection, Queue._meta.db_table, qid) is True
+        # Only a store whose transaction does not hold the whole database looks the row up.
+        assert store.lock_queue_row(connection, Queue._meta.db_table, qid + 1000) is store.embedded
+    assert store.export_name == connection.vendor
 
 
 @pytest.mark.django_db

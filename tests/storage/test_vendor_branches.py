@@ -24,7 +24,6 @@ NOT_YET_MOVED: dict[str, str] = {
     "services/queues.py": "the queue-counter statement per backend: moves in a later step of issue 13",
     "services/jobs.py": "requeue/cancel statements per backend: move in a later step of issue 13",
     "services/maintenance.py": "SKIP LOCKED in prune and reap: moves in a later step of issue 13",
-    "backup.py": "export snapshot and import writes per backend: move in a later step of issue 13",
 }
 
 
