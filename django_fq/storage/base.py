@@ -29,6 +29,9 @@ class Store(abc.ABC):
 
     #: ``SELECT … FOR UPDATE SKIP LOCKED``: concurrent claimers pass over each other's locked rows.
     supports_skip_locked: ClassVar[bool]
+    #: ``SELECT … FOR UPDATE`` / ``FOR KEY SHARE`` lock single rows; without them (SQLite) the write
+    #: transaction holds the whole database, which serialises writers as the row locks would.
+    supports_row_locks: ClassVar[bool]
     #: ``LISTEN`` / ``NOTIFY``: an enqueue wakes idle workers at once instead of on their next poll.
     supports_listen_notify: ClassVar[bool]
     #: Indexes (and unique constraints) with a ``WHERE`` clause.
@@ -43,6 +46,11 @@ class Store(abc.ABC):
 
     #: The backend's name a backup records in its header (``"database"``): Django's vendor string.
     export_name: ClassVar[str]
+
+    #: SQL appended to a one-row ``SELECT`` to hold the row against deletes until commit (or ``""``).
+    key_share_sql: ClassVar[str]
+    #: SQL appended to a ``SELECT`` to lock its rows, passing over rows others hold (or ``""``).
+    skip_locked_sql: ClassVar[str]
 
     #: SQL for the database clock in whole epoch milliseconds (a bigint), without the test offset
     #: :func:`django_fq.db.now_sql` adds. Code-written text only.
@@ -100,11 +108,21 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def lock_queue_row(self, conn: Any, queue_table: str, queue_id: int) -> bool:
-        """Inside a write transaction: hold queue ``queue_id`` so a concurrent delete waits; False if it is gone.
+    def lock_queue_row(self, conn: Any, queue_table: str, queue_id: int, *, exclusive: bool = False) -> bool:
+        """Inside a write transaction: hold queue ``queue_id`` until commit; False if it is gone.
 
-        ``queue_table`` is the queue model's table. Where the transaction
-        already holds the whole database (SQLite), no round trip: True.
+        Shared (``exclusive=False``): a concurrent delete of the queue waits,
+        enqueues do not. Exclusive: waits for the enqueues holding it shared
+        and stops new ones (a delete). ``queue_table`` is the queue model's
+        table. Where the transaction already holds the whole database
+        (SQLite), no round trip: True.
+        """
+
+    @abc.abstractmethod
+    def lock_queue_creation(self, conn: Any, key: int) -> None:
+        """Inside a write transaction: wait for other transactions creating queues (held until commit).
+
+        ``key`` is django-fq's 64-bit lock key. A no-op where writers are serialised already (SQLite).
         """
 
     # --- checks and start-up ---------------------------------------------------------------------

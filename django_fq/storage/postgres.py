@@ -27,12 +27,15 @@ class PostgresStore(Store):
 
     vendor = "postgresql"
     supports_skip_locked = True
+    supports_row_locks = True
     supports_listen_notify = True
     supports_partial_indexes = True
     supports_relaxed_commit = True
     supports_server_prepare = True
     embedded = False
     export_name = vendor
+    key_share_sql = " FOR KEY SHARE"
+    skip_locked_sql = " FOR UPDATE SKIP LOCKED"
     clock_sql = NOW_SQL
 
     def greatest_sql(self, a: str, b: str) -> str:
@@ -84,11 +87,17 @@ class PostgresStore(Store):
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             yield conn
 
-    def lock_queue_row(self, conn: Any, queue_table: str, queue_id: int) -> bool:
+    def lock_queue_row(self, conn: Any, queue_table: str, queue_id: int, *, exclusive: bool = False) -> bool:
         # FOR KEY SHARE, as enqueues take it: a concurrent delete of the queue waits.
+        # FOR UPDATE (a delete) waits for those and stops new ones.
+        mode = "UPDATE" if exclusive else "KEY SHARE"
         with conn.cursor() as cur:
-            cur.execute(f"SELECT id FROM {queue_table} WHERE id = %s FOR KEY SHARE", [queue_id])
+            cur.execute(f"SELECT id FROM {queue_table} WHERE id = %s FOR {mode}", [queue_id])
             return cur.fetchone() is not None
+
+    def lock_queue_creation(self, conn: Any, key: int) -> None:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", [key])
 
     def journal_mode(self, conn: Any) -> str | None:
         return None  # the server's write-ahead log serves every process

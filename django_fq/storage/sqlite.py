@@ -46,12 +46,15 @@ class SqliteStore(Store):
 
     vendor = "sqlite"
     supports_skip_locked = False
+    supports_row_locks = False
     supports_listen_notify = False
     supports_partial_indexes = True
     supports_relaxed_commit = False
     supports_server_prepare = False
     embedded = True
     export_name = vendor
+    key_share_sql = ""
+    skip_locked_sql = ""
     clock_sql = NOW_SQL
 
     def greatest_sql(self, a: str, b: str) -> str:
@@ -96,8 +99,11 @@ class SqliteStore(Store):
         with atomic(conn, "DEFERRED"):
             yield conn
 
-    def lock_queue_row(self, conn: Any, queue_table: str, queue_id: int) -> bool:
+    def lock_queue_row(self, conn: Any, queue_table: str, queue_id: int, *, exclusive: bool = False) -> bool:
         return True  # the write transaction holds the whole database: no delete can run meanwhile
+
+    def lock_queue_creation(self, conn: Any, key: int) -> None:
+        return None  # writers are serialised by the database lock
 
     def journal_mode(self, conn: Any) -> str | None:
         if conn.is_in_memory_db():

@@ -18,6 +18,7 @@ from django_fq.storage.base import Store
 
 FLAGS = (
     "supports_skip_locked",
+    "supports_row_locks",
     "supports_listen_notify",
     "supports_partial_indexes",
     "supports_relaxed_commit",
@@ -47,10 +48,13 @@ def test_flags_and_constants_are_declared():
     store = storage.for_connection(connection)
     for flag in FLAGS:
         assert isinstance(getattr(store, flag), bool), flag
-    assert isinstance(store.clock_sql, str) and "%" not in store.clock_sql
+    for text in (store.clock_sql, store.key_share_sql, store.skip_locked_sql):
+        assert isinstance(text, str) and "%" not in text
+    # A lock clause exactly where rows can be locked.
+    assert bool(store.key_share_sql) is bool(store.skip_locked_sql) is store.supports_row_locks
     # Today's backends: both have partial indexes; only a server database has the rest.
     assert store.supports_partial_indexes
-    for flag in ("supports_skip_locked", "supports_listen_notify", "supports_relaxed_commit", "supports_server_prepare"):
+    for flag in ("supports_skip_locked", "supports_row_locks", "supports_listen_notify", "supports_relaxed_commit", "supports_server_prepare"):
         assert getattr(store, flag) is not store.embedded, flag
 
 
@@ -192,6 +196,54 @@ def test_lock_queue_row():
         # Only a store whose transaction does not hold the whole database looks the row up.
         assert store.lock_queue_row(connection, Queue._meta.db_table, qid + 1000) is store.embedded
     assert store.export_name == connection.vendor
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lock_clauses_and_queue_creation_lock_run_in_a_transaction():
+    store = storage.for_connection(connection)
+    fq.configure("st:clauses")
+    table = Queue._meta.db_table
+    with store.write_atomic(connection):
+        store.lock_queue_creation(connection, 0x66710001)
+        assert _one(f"SELECT name FROM {table} WHERE name = %s{store.key_share_sql}", ["st:clauses"]) == ("st:clauses",)
+        assert _one(f"SELECT name FROM {table} WHERE name = %s{store.skip_locked_sql}", ["st:clauses"]) == ("st:clauses",)
+        qid = Queue.objects.get(name="st:clauses").id
+        assert store.lock_queue_row(connection, table, qid, exclusive=True) is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_skip_locked_passes_over_a_row_another_transaction_holds():
+    store = storage.for_connection(connection)
+    if not store.supports_skip_locked:
+        pytest.skip("this store's writers hold the whole database: nothing to pass over")
+    fq.configure("st:skip")
+    table = Queue._meta.db_table
+    held, done, errors = threading.Event(), threading.Event(), []
+
+    def holder():
+        try:
+            with transaction.atomic():
+                _one(f"SELECT id FROM {table} WHERE name = %s{store.skip_locked_sql}", ["st:skip"])
+                held.set()
+                done.wait(30)
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            held.set()
+            connections.close_all()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert held.wait(30)
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute(f"SELECT id FROM {table} WHERE name = %s{store.skip_locked_sql}", ["st:skip"])
+                assert cur.fetchall() == []  # held by the other transaction: passed over, not waited for
+    finally:
+        done.set()
+        thread.join(30)
+    assert not errors
 
 
 @pytest.mark.django_db

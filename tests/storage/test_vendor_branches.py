@@ -20,10 +20,6 @@ VENDOR_NAMES = frozenset({"postgresql", "sqlite", "mysql", "oracle"})
 NOT_YET_MOVED: dict[str, str] = {
     "services/leases.py": "claim, ack and expiry SQL per backend: moves whole in a later step of issue 13",
     "services/enqueue.py": "the multi-row PostgreSQL insert and lock ordering: moves in a later step of issue 13",
-    "services/_base.py": "FOR KEY SHARE / SKIP LOCKED and the counter upsert: moves in a later step of issue 13",
-    "services/queues.py": "the queue-counter statement per backend: moves in a later step of issue 13",
-    "services/jobs.py": "requeue/cancel statements per backend: move in a later step of issue 13",
-    "services/maintenance.py": "SKIP LOCKED in prune and reap: moves in a later step of issue 13",
 }
 
 
