@@ -35,14 +35,18 @@ def for_connection(conn: Any) -> Store:
     served by the SQLite store, as every branch did before the storage layer
     (django-fq supports PostgreSQL and SQLite only).
     """
+    # The claim and ack paths ask several times per job: the wrapper (one per thread and
+    # alias) keeps its store, so that costs one attribute read.
+    store = getattr(conn, "_django_fq_store", None)
+    if store is not None:
+        return store
     key = (conn.alias, conn.vendor)
-    store = _stores.get(key)
-    if store is None:
-        with _lock:
-            store = _stores.get(key)
-            if store is None:
-                store = BACKENDS.get(conn.vendor, SqliteStore)(conn.alias)
-                _stores[key] = store
+    with _lock:
+        store = _stores.get(key)
+        if store is None:
+            store = BACKENDS.get(conn.vendor, SqliteStore)(conn.alias)
+            _stores[key] = store
+    conn._django_fq_store = store
     return store
 
 

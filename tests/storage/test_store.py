@@ -236,10 +236,9 @@ def test_skip_locked_passes_over_a_row_another_transaction_holds():
     thread.start()
     try:
         assert held.wait(30)
-        with transaction.atomic():
-            with connection.cursor() as cur:
-                cur.execute(f"SELECT id FROM {table} WHERE name = %s{store.skip_locked_sql}", ["st:skip"])
-                assert cur.fetchall() == []  # held by the other transaction: passed over, not waited for
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(f"SELECT id FROM {table} WHERE name = %s{store.skip_locked_sql}", ["st:skip"])
+            assert cur.fetchall() == []  # held by the other transaction: passed over, not waited for
     finally:
         done.set()
         thread.join(30)
