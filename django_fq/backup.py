@@ -74,8 +74,8 @@ from typing import IO, Any, cast
 from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Case, F, Field, Value, When
 
-from . import conf, db, validation
-from .exceptions import FqError, InvalidArgument, InvalidBackup, QueueNotFound, TooManyQueues
+from . import conf, db, storage, validation
+from .exceptions import ImportConflict, InvalidArgument, InvalidBackup, QueueNotFound, TooManyQueues
 from .models import IdempotencyToken, Job, Queue
 from .services._base import (
     JOB,
@@ -187,7 +187,7 @@ def export_jsonl(out: IO[str], queues: Sequence[str] | None = None, *, progress=
                 total += manager(IdempotencyToken).filter(queue_id__in=ids).count()
             progress.reset(total=total)
         exported_at = db.db_now_ms()
-        _write(out, {"format": FORMAT, "version": VERSION, "exported_at": exported_at, "database": conn.vendor})
+        _write(out, {"format": FORMAT, "version": VERSION, "exported_at": exported_at, "database": storage.for_connection(conn).export_name})
         for q in rows:
             sums = counter_sums(conn, q.id, _TOTALS)
             _write(
@@ -260,16 +260,7 @@ def _snapshot():
     if conn.in_atomic_block:
         yield conn
         return
-    if conn.vendor == "sqlite":
-        # A deferred BEGIN: the first SELECT fixes the snapshot (WAL) and no write lock is taken,
-        # whatever transaction_mode the site uses for its own transactions.
-        with db.sqlite_atomic(conn, "DEFERRED"):
-            yield conn
-        return
-    with transaction.atomic(using=conn.alias):
-        if conn.vendor == "postgresql":
-            with conn.cursor() as cur:
-                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    with storage.for_connection(conn).read_snapshot(conn):
         yield conn
 
 
@@ -370,13 +361,6 @@ class _DryRun(Exception):
 #: How many times :func:`import_jsonl` runs when rows committed concurrently get in its way.
 IMPORT_TRIES = 5
 _SPOOL_IN_MEMORY = 8 * 1024 * 1024  # bytes of an unseekable input kept in memory before it goes to a temporary file
-
-
-class ImportConflict(FqError):
-    """The import kept meeting concurrent writes (rows it meant to insert, a lock); nothing was imported."""
-
-    code = "import_conflict"
-    status = 409
 
 
 def import_jsonl(lines: Iterable[str | bytes], *, dry_run: bool = False, progress=None) -> ImportSummary:
@@ -687,12 +671,9 @@ class _Importer:
                 raise line.error(exc.message, "name") from None
         if existing is None:
             raise line.error(f"queue {name} was deleted while the import ran; nothing was imported", "name")
-        if conn.vendor == "postgresql":
-            # Hold the queue row as enqueues do, so a concurrent delete_queue waits for this import.
-            with conn.cursor() as cur:
-                cur.execute(f"SELECT id FROM {QUEUE} WHERE id = %s FOR KEY SHARE", [existing])
-                if cur.fetchone() is None:
-                    raise line.error(f"queue {name} was deleted while the import ran; nothing was imported", "name")
+        # Hold the queue row as enqueues do, so a concurrent delete_queue waits for this import.
+        if not storage.for_connection(conn).lock_queue_row(conn, QUEUE, existing):
+            raise line.error(f"queue {name} was deleted while the import ran; nothing was imported", "name")
         self.queues[name] = _QueueState(
             name=name, line=line.n, id=existing, created=created, totals=totals if created else {}
         )

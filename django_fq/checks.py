@@ -34,11 +34,8 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from . import conf, handlers, validation
-
-
-class HandlerLoadError(Exception):
-    """The job handlers cannot be loaded; the message is one line that says why."""
+from . import conf, handlers, storage, validation
+from .exceptions import HandlerLoadError
 
 
 def load_handlers() -> None:
@@ -235,12 +232,9 @@ def check_sqlite_wal(app_configs=None, databases=None, **kwargs):
     if not databases or alias not in databases:
         return []
     conn = connections[alias]
-    if conn.vendor != "sqlite" or conn.is_in_memory_db():  # type: ignore[attr-defined]  # SQLite's wrapper has it
-        return []
-    with conn.cursor() as cur:
-        cur.execute("PRAGMA journal_mode")
-        mode = cur.fetchone()[0]
-    if str(mode).lower() != "wal":
+    store = storage.find(conn)
+    mode = None if store is None else store.journal_mode(conn)  # None: not a file database shared by processes
+    if mode is not None and mode.lower() != "wal":
         return [
             Error(
                 f"SQLite database {alias!r} uses journal_mode={mode}, not WAL.",

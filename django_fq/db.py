@@ -1,8 +1,10 @@
-"""Backend-specific pieces: the database clock, write transactions, wakeups.
+"""The database clock, write transactions, retries and wakeups, for the services.
 
-Only this module knows how PostgreSQL and SQLite differ. The services ask it
-for the clock expression, for a write transaction that is safe on the backend,
-and for a wakeup notification after an enqueue.
+What differs between PostgreSQL and SQLite is in :mod:`django_fq.storage`;
+these functions ask the connection's store (docs/explanation/storage.md).
+The services ask this module for the clock expression, for a write
+transaction that is safe on the backend, and for a wakeup notification after
+an enqueue.
 """
 
 from __future__ import annotations
@@ -11,19 +13,17 @@ import contextlib
 import random
 import time
 
-from django.db import DatabaseError, OperationalError, connections, transaction
+from django.db import DatabaseError, OperationalError, connections
 from django.db.models import BigIntegerField, Func
 
-from . import conf
+from . import conf, storage
+from .storage.postgres import PREPARE_THRESHOLD
+from .storage.sqlite import atomic as sqlite_atomic
+
+__all__ = ["PREPARE_THRESHOLD", "is_postgres", "sqlite_atomic"]  # re-exported for existing callers
 
 #: PostgreSQL channel notified (on commit) after every enqueue that created jobs.
 NOTIFY_CHANNEL = "django_fq"
-
-_PG_NOW = "FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint"
-# SQLite keeps 'now' as whole milliseconds of the Julian day; julianday() returns
-# that over 86400000.0, so rounding recovers the exact millisecond. (No '%' in the
-# text: Django rewrites '%s' into a placeholder in statements with parameters.)
-_SQLITE_NOW = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000) AS INTEGER)"
 
 
 def connection():
@@ -32,8 +32,11 @@ def connection():
 
 
 def is_postgres(conn=None) -> bool:
-    """True when ``conn`` (default: django-fq's connection) is PostgreSQL."""
-    return (conn or connection()).vendor == "postgresql"
+    """True when ``conn`` (default: django-fq's connection) is PostgreSQL.
+
+    Kept for the services not yet moved into :mod:`django_fq.storage` (issue 13).
+    """
+    return storage.is_postgres(conn or connection())
 
 
 def now_sql(conn=None) -> str:
@@ -43,7 +46,7 @@ def now_sql(conn=None) -> str:
     start); SQLite uses ``'now'``, which is fixed for one statement. The test
     setting ``FQ_TEST_CLOCK_OFFSET_MS`` is added inside the expression.
     """
-    base = _PG_NOW if is_postgres(conn) else _SQLITE_NOW
+    base = storage.for_connection(conn or connection()).clock_sql
     offset = conf.clock_offset_ms()
     return f"({base} + {offset:d})" if offset else base
 
@@ -75,32 +78,8 @@ def write_atomic():
     path therefore starts with a write statement.
     """
     conn = connection()
-    if conn.vendor == "sqlite" and not conn.in_atomic_block:
-        with sqlite_atomic(conn, "IMMEDIATE"):
-            yield conn
-    else:
-        with transaction.atomic(using=conn.alias):
-            yield conn
-
-
-@contextlib.contextmanager
-def sqlite_atomic(conn, mode: str):
-    """``transaction.atomic()`` on SQLite connection ``conn`` whose BEGIN uses ``mode``.
-
-    ``mode``: ``"IMMEDIATE"`` (take the write lock now) or ``"DEFERRED"`` (a
-    read snapshot, no lock until a write), whatever ``transaction_mode`` the
-    site's settings give; the setting applies again to the next transaction.
-    """
-    # Connect first: connecting re-reads transaction_mode from the settings.
-    conn.ensure_connection()
-    saved = getattr(conn, "transaction_mode", None)
-    conn.transaction_mode = mode
-    try:
-        with transaction.atomic(using=conn.alias):
-            conn.transaction_mode = saved
-            yield conn
-    finally:
-        conn.transaction_mode = saved
+    with storage.for_connection(conn).write_atomic(conn):
+        yield conn
 
 
 _RETRYABLE = ("deadlock detected", "could not serialize", "database is locked", "database table is locked")
@@ -139,9 +118,7 @@ def take_write_lock(conn, queue_name: str) -> None:
     as the first statement waits for the lock (busy timeout) instead. Our own
     transactions begin IMMEDIATE and need nothing.
     """
-    if conn.vendor == "sqlite" and conn.in_atomic_block:
-        with conn.cursor() as cur:
-            cur.execute("UPDATE django_fq_queue SET name = name WHERE name = %s", [queue_name])
+    storage.for_connection(conn).take_write_lock(conn, queue_name)
 
 
 def relaxed_commit(conn) -> bool:
@@ -153,17 +130,16 @@ def relaxed_commit(conn) -> bool:
     each forgotten one only makes a job run again, which at-least-once
     delivery allows. Enqueues always wait for the flush.
     """
-    return conn.vendor == "postgresql" and not conn.in_atomic_block and not conf.get("FQ_SYNCHRONOUS_SETTLE")
+    return (
+        storage.for_connection(conn).supports_relaxed_commit
+        and not conn.in_atomic_block
+        and not conf.get("FQ_SYNCHRONOUS_SETTLE")
+    )
 
 
 def relax_commit(conn) -> None:
     """Inside a transaction django-fq owns: commit it without waiting for the WAL flush."""
-    with conn.cursor() as cur:
-        cur.execute("SET LOCAL synchronous_commit = off")
-
-
-#: Runs of a hot statement on one connection before psycopg prepares it (psycopg's own default).
-PREPARE_THRESHOLD = 5
+    storage.for_connection(conn).relax_commit(conn)
 
 
 def hot_cursor(conn):
@@ -181,24 +157,9 @@ def hot_cursor(conn):
     1.21 needs. Django's cursor wrappers still apply (error translation, query
     logging with ``DEBUG``, ``execute_wrapper``). Elsewhere: ``conn.cursor()``.
     """
-    if conn.vendor != "postgresql":
-        return conn.cursor()
-    from django.db.backends.postgresql.base import ServerBindingCursor
-
-    conn.ensure_connection()
-    pg = conn.connection
-    if pg.prepare_threshold is None and "prepare_threshold" not in conn.settings_dict.get("OPTIONS", {}):
-        # Django turns preparing off unless OPTIONS names a prepare_threshold. Its own
-        # cursors bind on the client and never prepare, so this reaches only these
-        # statements; an explicit OPTIONS["prepare_threshold"] (None: never) wins.
-        pg.prepare_threshold = PREPARE_THRESHOLD
-    with conn.wrap_database_errors:
-        raw = ServerBindingCursor(pg)  # type: ignore[call-arg]  # psycopg's Cursor(connection)
-    return conn._prepare_cursor(raw)
+    return storage.for_connection(conn).hot_cursor(conn)
 
 
 def notify(conn, queue_name: str) -> None:
     """Wake idle workers of ``queue_name``; PostgreSQL only, delivered at commit, dropped on rollback."""
-    if conn.vendor == "postgresql":
-        with conn.cursor() as cur:
-            cur.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, queue_name])
+    storage.for_connection(conn).notify(conn, NOTIFY_CHANNEL, queue_name)

@@ -179,6 +179,13 @@ class TooManyQueues(FqError):
     status = 409
 
 
+class ImportConflict(FqError):
+    """The import kept meeting concurrent writes (rows it meant to insert, a lock); nothing was imported."""
+
+    code = "import_conflict"
+    status = 409
+
+
 class WaitTimeout(FqError):
     """The job did not finish within the wait."""
 
@@ -186,7 +193,58 @@ class WaitTimeout(FqError):
     status = 408
 
 
-# --- outcomes a handler raises (not errors of the API) ---------------------------
+# --- configuration and the worker (not errors of the API, so not FqError) ------------
+
+
+class WorkerConfigError(ValueError):
+    """The worker cannot start as configured (no handler for a queue, nothing to serve)."""
+
+
+class HandlerImportError(Exception):
+    """A handler module (or an ``FQ_HANDLERS`` path) raised while it was imported.
+
+    The message is one line: where (``module …, file …, line …`` — the last
+    line of that module the traceback passes through, or where a
+    ``SyntaxError`` is) and the exception (``NameError: …``). The original
+    exception is ``__cause__``; ``module`` is the module's dotted name.
+    """
+
+    def __init__(self, where: str, exc: BaseException, module: str):
+        text = " ".join(str(exc).split())
+        super().__init__(f"{where}: {type(exc).__name__}: {text}" if text else f"{where}: {type(exc).__name__}")
+        self.module = module
+
+
+class HandlerLoadError(Exception):
+    """The job handlers cannot be loaded; the message is one line that says why."""
+
+
+class ScheduleError(Exception):
+    """An entry of ``FQ_SCHEDULE`` is invalid; ``check_id`` is its system-check id."""
+
+    def __init__(self, check_id: str, message: str):
+        super().__init__(message)
+        self.check_id = check_id
+        self.message = message
+
+
+# --- outcomes a handler raises or meets (not errors of the API) -------------------
+
+
+class LeaseLost(Exception):
+    """The running job's lease is gone: it must not be settled by this run.
+
+    ``reason`` is one of ``expired`` (the deadline passed before an extend
+    succeeded), ``invalid_receipt`` (another claim holds the job now, or the
+    lease was ended by expiry handling), ``cancelled``, ``timeout`` (the
+    job's ``timeout_ms`` passed), ``shutdown`` (the worker released it) or
+    ``queue_deleted``.
+    """
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(f"the job's lease was lost ({reason})")
+
 
 
 class PermanentFailure(Exception):

@@ -26,6 +26,7 @@ from django.conf import settings
 from django.utils.module_loading import import_string, module_has_submodule
 
 from . import validation
+from .exceptions import HandlerImportError
 
 _registry: dict[str, Callable] = {}
 
@@ -55,21 +56,6 @@ def handler(queue: str) -> Callable[[Callable], Callable]:
         return fn
 
     return register
-
-
-class HandlerImportError(Exception):
-    """A handler module (or an ``FQ_HANDLERS`` path) raised while it was imported.
-
-    The message is one line: where (``module …, file …, line …`` — the last
-    line of that module the traceback passes through, or where a
-    ``SyntaxError`` is) and the exception (``NameError: …``). The original
-    exception is ``__cause__``; ``module`` is the module's dotted name.
-    """
-
-    def __init__(self, where: str, exc: BaseException, module: str):
-        text = " ".join(str(exc).split())
-        super().__init__(f"{where}: {type(exc).__name__}: {text}" if text else f"{where}: {type(exc).__name__}")
-        self.module = module
 
 
 def autodiscover() -> None:

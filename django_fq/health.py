@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-from . import conf, db, validation
+from . import conf, db, storage, validation
 from .exceptions import QueueNotFound
 from .models import Job, Lease, Queue
 
@@ -203,7 +203,7 @@ def _read(queue: str | None, stuck_lease_ms: int) -> list[QueueHealth]:
         return []
     only, params = ("", []) if queue is None else (" AND queue_id = %s", [next(iter(names))])
     now = db.now_sql(conn)
-    eligible_since = "GREATEST(enqueued_at, run_at)" if conn.vendor == "postgresql" else "MAX(enqueued_at, run_at)"
+    eligible_since = storage.for_connection(conn).greatest_sql("enqueued_at", "run_at")
     stuck: dict[int, tuple[int, int]] = {}
     dead: dict[int, int] = {}
     ready: dict[int, int] = {}

@@ -52,7 +52,7 @@ from django.conf import settings
 from django.core.checks import Error, register
 
 from . import conf, db, validation
-from .exceptions import FqError
+from .exceptions import FqError, ScheduleError
 
 logger = logging.getLogger("django_fq.scheduler")
 
@@ -126,15 +126,6 @@ class Entry:
     def token(self, tick_ms: int) -> str:
         """The idempotency token of this entry's tick at ``tick_ms``."""
         return f"cron:{self.name}:{tick_ms}"
-
-
-class ScheduleError(Exception):
-    """An entry of ``FQ_SCHEDULE`` is invalid; ``check_id`` is its system-check id."""
-
-    def __init__(self, check_id: str, message: str):
-        super().__init__(message)
-        self.check_id = check_id
-        self.message = message
 
 
 # --- reading and validating the setting ---------------------------------------------------------

@@ -39,7 +39,7 @@ import time
 from django.conf import settings
 from django.db import connections
 
-from . import conf, db
+from . import conf, db, storage
 
 log = logging.getLogger("django_fq.wakeup")
 
@@ -89,7 +89,7 @@ class Listener:
         self._thread: threading.Thread | None = None
         self._subscribers: list = []
         self.listening = False
-        if connections[alias].vendor == "postgresql" and connections[self.listen_alias].vendor == "postgresql":
+        if storage.get(alias).supports_listen_notify and storage.get(self.listen_alias).supports_listen_notify:
             self._thread = threading.Thread(target=self._run, name="django-fq-listener", daemon=True)
             self._thread.start()
 

@@ -115,10 +115,12 @@ from .exceptions import (
     InvalidArgument,
     InvalidJson,
     InvalidReceipt,
+    LeaseLost,
     PayloadTooLarge,
     PermanentFailure,
     QueueNotFound,
     ReceiptCancelled,
+    WorkerConfigError,
 )
 from .types import ClaimedJob, SettleResult
 
@@ -157,25 +159,6 @@ SUPERVISOR_ENV = "FQ_WORKER_SUPERVISOR_PID"
 #: Exit status of a supervised child that cannot start as configured (sysexits' EX_CONFIG): a metrics
 #: port that cannot be bound, a failed system check, handlers that do not load. Not restarted.
 EX_CONFIG = 78
-
-
-class WorkerConfigError(ValueError):
-    """The worker cannot start as configured (no handler for a queue, nothing to serve)."""
-
-
-class LeaseLost(Exception):
-    """The running job's lease is gone: it must not be settled by this run.
-
-    ``reason`` is one of ``expired`` (the deadline passed before an extend
-    succeeded), ``invalid_receipt`` (another claim holds the job now, or the
-    lease was ended by expiry handling), ``cancelled``, ``timeout`` (the
-    job's ``timeout_ms`` passed), ``shutdown`` (the worker released it) or
-    ``queue_deleted``.
-    """
-
-    def __init__(self, reason: str):
-        self.reason = reason
-        super().__init__(f"the job's lease was lost ({reason})")
 
 
 def make_worker_id() -> str:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, OuterRef, Q, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 
-from .. import db
+from .. import db, storage
 from ..models import Job, Queue, QueueCounter
 from ..services._base import manager
 from ..types import STATE_NAMES, TIMING_NAMES, TOTAL_NAMES
@@ -190,59 +190,26 @@ def activity(queue_id: int | None = None) -> Activity:
 def _failures(start: int, end: int, queue_id: int | None) -> tuple[list[int], bool]:
     """Failed attempts per minute in ``[start, end)`` (epoch ms), and whether the scan was cut.
 
-    Counted by the database: the history entries are expanded in SQL
-    (``jsonb_array_elements`` on PostgreSQL, ``json_each`` on SQLite) and only
+    Counted by the database (``Store.failure_buckets`` in django_fq.storage): the history entries are
+    expanded in SQL (``jsonb_array_elements`` on PostgreSQL, ``json_each`` on SQLite) and only
     ``(bucket, count)`` pairs come back, so no error text reaches Python
     whatever the size of the histories.
     """
     conn = db.connection()
-    table = Job._meta.db_table
-    where = "changed_at >= %s"
-    params: list = [start]
-    if queue_id is not None:
-        where += " AND queue_id = %s"
-        params.append(queue_id)
-    kinds = ", ".join(["%s"] * len(FAILURE_KINDS))
-    if conn.vendor == "postgresql":
-        # CASE keeps the cast away from entries whose "at" is not a whole number.
-        newest = (
-            f"SELECT errors FROM {table} WHERE {where} AND jsonb_typeof(errors) = 'array' "
-            "AND errors <> '[]'::jsonb ORDER BY changed_at DESC LIMIT %s"
-        )
-        entries = (
-            "SELECT CASE WHEN jsonb_typeof(e.value -> 'at') = 'number' AND (e.value ->> 'at') ~ '^[0-9]{1,18}$' "
-            "THEN CAST(e.value ->> 'at' AS bigint) END AS at "
-            f"FROM ({newest}) AS j CROSS JOIN LATERAL jsonb_array_elements(j.errors) AS e(value) "
-            f"WHERE jsonb_typeof(e.value) = 'object' AND e.value ->> 'kind' IN ({kinds})"
-        )
-    else:
-        newest = (
-            f"SELECT errors FROM {table} WHERE {where} AND json_type(errors) = 'array' "
-            "AND errors <> '[]' ORDER BY changed_at DESC LIMIT %s"
-        )
-        entries = (
-            "SELECT CASE WHEN json_type(e.value, '$.at') = 'integer' THEN json_extract(e.value, '$.at') END AS at "
-            f"FROM ({newest}) AS j, json_each(j.errors) AS e "
-            f"WHERE e.type = 'object' AND json_extract(e.value, '$.kind') IN ({kinds})"
-        )
+    found, partial = storage.for_connection(conn).failure_buckets(
+        conn,
+        job_table=Job._meta.db_table,
+        start=start,
+        end=end,
+        queue_id=queue_id,
+        kinds=sorted(FAILURE_KINDS),
+        bucket_ms=MINUTE_MS,
+        scan_limit=FAILURE_SCAN_LIMIT,
+    )
     failures = [0] * BUCKETS
-    with conn.cursor() as cur:
-        cur.execute(
-            f"SELECT (f.at - %s) / {MINUTE_MS:d} AS bucket, COUNT(*) AS n FROM ({entries}) AS f "
-            "WHERE f.at >= %s AND f.at < %s GROUP BY 1",
-            [start, *params, FAILURE_SCAN_LIMIT, *sorted(FAILURE_KINDS), start, end],
-        )
-        for bucket, n in cur.fetchall():
-            if 0 <= bucket < BUCKETS:
-                failures[int(bucket)] += int(n)
-        # Cut when more jobs than the limit have a history changed within the hour.
-        cur.execute(
-            f"SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {where} AND "
-            + ("errors <> '[]'::jsonb" if conn.vendor == "postgresql" else "errors <> '[]'")
-            + " LIMIT %s) AS c",
-            [*params, FAILURE_SCAN_LIMIT + 1],
-        )
-        partial = int(cur.fetchone()[0]) > FAILURE_SCAN_LIMIT
+    for bucket, n in found:
+        if 0 <= bucket < BUCKETS:
+            failures[bucket] += n
     return failures, partial
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 
-from .. import db, services, validation, wakeup
+from .. import db, services, storage, validation, wakeup
 from ..exceptions import WaitTimeout
 from ..types import ClaimedJob, JobInfo
 from . import conf
@@ -40,14 +40,12 @@ FINAL_STATES = frozenset({"succeeded", "dead", "cancelled"})
 def release_connection() -> bool:
     """Close django-fq's connection of this thread if that is safe and worth it; True if closed.
 
-    Only PostgreSQL connections are released (a server process and maybe a
-    pooler slot each); never inside an atomic block.
+    Only connections to a server are released (PostgreSQL: a server process
+    and maybe a pooler slot each; see ``Store.release_connection``); never
+    inside an atomic block.
     """
     conn = db.connection()
-    if conn.vendor != "postgresql" or conn.in_atomic_block or conn.connection is None:
-        return False
-    conn.close()
-    return True
+    return storage.for_connection(conn).release_connection(conn)
 
 
 def claim(queue: str, *, count: int, visibility_ms: int | None, wait_ms: int, worker: str) -> list[ClaimedJob]:

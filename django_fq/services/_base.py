@@ -9,7 +9,7 @@ import json
 
 from django.db import IntegrityError, transaction
 
-from .. import conf, db, validation
+from .. import conf, db, storage, validation
 from ..exceptions import QueueNotFound, TooManyQueues
 from ..models import IdempotencyToken, Job, Lease, Queue, QueueCounter
 from ..types import TIMING_NAMES, TOTAL_NAMES, QueuePolicy
@@ -54,7 +54,7 @@ def get_queue(name: str, *, lock: bool = False) -> Queue:
     """
     validation.queue_name(name)
     conn = db.connection()
-    suffix = " FOR KEY SHARE" if lock and conn.vendor == "postgresql" else ""
+    suffix = storage.for_connection(conn).key_share_sql if lock else ""
     with conn.cursor() as cur:
         cur.execute(f"SELECT {', '.join(_QUEUE_COLUMNS)} FROM {QUEUE} WHERE name = %s{suffix}", [name])
         row = cur.fetchone()
@@ -68,10 +68,8 @@ _CREATE_LOCK_KEY = 0x66710001
 
 
 def lock_queue_creation(conn) -> None:
-    """PostgreSQL: wait for other transactions creating queues (an advisory lock held until commit)."""
-    if conn.vendor == "postgresql":
-        with conn.cursor() as cur:
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", [_CREATE_LOCK_KEY])
+    """Wait for other transactions creating queues (PostgreSQL: an advisory lock held until commit)."""
+    storage.for_connection(conn).lock_queue_creation(conn, _CREATE_LOCK_KEY)
 
 
 def check_room_for_a_queue(conn, name: str) -> None:
@@ -146,7 +144,7 @@ def add_counters(conn, queue_id: int, **deltas: int) -> None:
     if not deltas:
         return
     sets = ", ".join(f"{k} = {k} + %s" for k in deltas)
-    skip = " FOR UPDATE SKIP LOCKED" if conn.vendor == "postgresql" else ""
+    skip = storage.for_connection(conn).skip_locked_sql
     with conn.cursor() as cur:
         cur.execute(
             f"UPDATE {COUNTER} SET {sets} WHERE id = (SELECT id FROM {COUNTER} WHERE queue_id = %s LIMIT 1{skip})",

@@ -10,7 +10,7 @@ import time
 from django.db import IntegrityError, transaction
 from django.db.models import Case, F, Q, Value, When
 
-from .. import db, validation
+from .. import db, storage, validation
 from ..exceptions import InvalidArgument, InvalidCursor, InvalidState, JobNotFound, WaitTimeout
 from ..models import Job, Lease
 from ..types import STATE_NAMES, TIMING_NAMES, TOTAL_NAMES, JobInfo, JobPage, JobState, QueueStats
@@ -289,7 +289,7 @@ def _lock_job(queue_id: int, queue: str, job_id: object) -> Job:
     if not validation.job_id(job_id):
         raise job_not_found(queue, job_id)
     qs = manager(Job).filter(queue_id=queue_id, uid=job_id)
-    if db.is_postgres():
+    if storage.for_connection(db.connection()).supports_row_locks:
         qs = qs.select_for_update()
     job = qs.first()
     if job is None:
@@ -301,7 +301,7 @@ def _lock_lease_of(queue_id: int, job_id: object) -> Lease | None:
     if not validation.job_id(job_id):
         return None  # _lock_job raises JobNotFound
     qs = manager(Lease).filter(queue_id=queue_id, job__uid=job_id)
-    if db.is_postgres():
+    if storage.for_connection(db.connection()).supports_row_locks:
         qs = qs.select_for_update(of=("self",))
     return qs.first()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import conf, db, validation
+from .. import conf, db, storage, validation
 from ..types import PruneResult, ReapResult
 from ._base import COUNTER, COUNTER_NAMES, JOB, TOKEN, add_counters, get_queue
 from .leases import expire_leases
@@ -48,7 +48,7 @@ def prune(*, retention_ms: int | None = None, limit: int = 100_000) -> PruneResu
     validation.integer(limit, "limit", 1, 10**9)
     conn = db.connection()
     now = db.now_sql(conn)
-    lock = " FOR UPDATE SKIP LOCKED" if db.is_postgres(conn) else ""
+    lock = storage.for_connection(conn).skip_locked_sql
 
     def batch(sql, params):
         def run():
@@ -102,7 +102,7 @@ def fold_counters() -> int:
     with db.connection().cursor() as cur:
         cur.execute(f"SELECT queue_id FROM {COUNTER} GROUP BY queue_id HAVING COUNT(*) > 1")
         queue_ids = [r[0] for r in cur.fetchall()]
-    skip = " FOR UPDATE SKIP LOCKED" if db.is_postgres() else ""
+    skip = storage.for_connection(db.connection()).skip_locked_sql
     cols = ", ".join(names)
 
     def fold(queue_id):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import db, validation
+from .. import db, storage, validation
 from ..exceptions import InvalidPolicy
 from ..types import STATE_NAMES, QueueInfo, QueuePolicy
 from ._base import (
@@ -90,11 +90,10 @@ def delete_queue(queue: str) -> None:
     def apply():
         conn = db.connection()
         q = get_queue(queue)
+        # Enqueues hold the queue row FOR KEY SHARE until they commit: wait for
+        # them, and stop new ones, so the DELETE below sees every job.
+        storage.for_connection(conn).lock_queue_row(conn, QUEUE, q.id, exclusive=True)
         with conn.cursor() as cur:
-            if conn.vendor == "postgresql":
-                # Enqueues hold the queue row FOR KEY SHARE until they commit: wait for
-                # them, and stop new ones, so the DELETE below sees every job.
-                cur.execute(f"SELECT id FROM {QUEUE} WHERE id = %s FOR UPDATE", [q.id])
             # Jobs first: a claim in flight holds some job rows, so this waits for it to
             # commit, and the leases it wrote are then seen (and deleted) by the next statement.
             for table in (JOB, LEASE, TOKEN, COUNTER):

@@ -73,7 +73,8 @@ from django.db import connection as default_connection
 from django.db import transaction
 
 from django_fq import services as fq
-from django_fq.db import _PG_NOW, _SQLITE_NOW
+from django_fq.storage.postgres import NOW_SQL as _PG_NOW
+from django_fq.storage.sqlite import NOW_SQL as _SQLITE_NOW
 
 TABLES = (
     "fqchaos_job",

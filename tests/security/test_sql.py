@@ -10,6 +10,10 @@ only from
 * table names of django-fq's own models (``Model._meta.db_table``);
 * the database clock expression (:func:`django_fq.db.now_sql`) and other
   django-fq functions whose every ``return`` is built the same way;
+* members of the store classes in ``django_fq/storage/`` read through any
+  object (``store.clock_sql``, ``store.greatest_sql(...)``): safe when every
+  store's class attribute of that name, or every ``return`` of every store's
+  method of that name, is built the same way;
 * placeholder lists such as ``", ".join(["%s"] * len(rows))``: the
   repetition count is a number, the repeated text a literal;
 * integers formatted with ``:d``;
@@ -212,6 +216,9 @@ class Audit:
             target = self._module_attribute(module, node)
             if target is not None:
                 return self.safe(target[0], target[1], target[1], seen)
+            values = [d for d in self._store_members(node.attr) if not isinstance(d[1], ast.FunctionDef)]
+            if values:
+                return all(self.safe(m, v, v, seen) for m, v in values)
             return False
         if isinstance(node, ast.Name):
             return node.id in local or self._name(module, node.id, at, seen)
@@ -282,6 +289,8 @@ class Audit:
         args = func.args
         positions = [a.arg for a in [*args.posonlyargs, *args.args]]
         defaults = dict(zip(positions[len(positions) - len(args.defaults) :], args.defaults, strict=True))
+        if positions and positions[0] == "self":
+            positions = positions[1:]  # a store's method, called as store.method(...)
         defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None})
         if name in defaults and not self.safe(module, defaults[name], defaults[name], seen):
             return False
@@ -366,9 +375,41 @@ class Audit:
             target = self._module_attribute(module, func)
             if target is not None:
                 where = (target[0], target[1].id)
+        if where is None and isinstance(func, ast.Attribute):
+            methods = [d for d in self._store_members(func.attr) if isinstance(d[1], ast.FunctionDef)]
+            if methods:
+                return all(self._function_returns_safe(m, d) for m, d in methods)
         if where is None:
             return False
         return self._returns_safe(*where)
+
+    def _store_members(self, name: str) -> list[tuple[str, ast.AST]]:
+        """``name`` in the classes of django_fq/storage/: (module, method) or (module, assigned value)."""
+        found: list[tuple[str, ast.AST]] = []
+        for module, tree in self.modules.items():
+            if not module.startswith("storage/"):
+                continue
+            for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+                for item in cls.body:
+                    if isinstance(item, ast.FunctionDef) and item.name == name:
+                        found.append((module, item))
+                    elif isinstance(item, ast.Assign) and any(getattr(t, "id", None) == name for t in item.targets):
+                        found.append((module, item.value))
+                    elif isinstance(item, ast.AnnAssign) and getattr(item.target, "id", None) == name and item.value:
+                        found.append((module, item.value))
+        return found
+
+    def _function_returns_safe(self, module: str, d: ast.FunctionDef) -> bool:
+        key = (module, f"{d.name}@{d.lineno}")
+        if key in self.returns_cache:
+            return self.returns_cache[key]
+        self.returns_cache[key] = True  # recursion: assume, then check
+        ok = all(
+            ret.value is None or self.safe(module, ret.value, ret.value)
+            for ret in (n for n in ast.walk(d) if isinstance(n, ast.Return))
+        )
+        self.returns_cache[key] = ok
+        return ok
 
     def _returns_safe(self, module: str, name: str) -> bool:
         key = (module, name)

@@ -31,9 +31,9 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, OperationalError, connections, transaction
+from django.db import DatabaseError, OperationalError, connections
 
-from django_fq import conf, services, validation
+from django_fq import conf, services, storage, validation
 from django_fq.checks import HandlerLoadError, load_handlers
 from django_fq.exceptions import InvalidArgument, QueueNotFound
 from django_fq.worker import (
@@ -183,13 +183,13 @@ class Command(BaseCommand):
         self._setup_logging(options.get("verbosity", 1))
         for alias in connections:
             conn = connections[alias]
-            if conn.vendor != "sqlite":
-                continue
+            store = storage.find(conn)
+            if store is None or not store.embedded:
+                continue  # only a database file can be locked whole by another process
             delay, waited_since = _LOCK_WAIT_FIRST_S, None
             while True:
                 try:
-                    with conn.cursor() as cursor, transaction.atomic(using=alias):
-                        cursor.execute("SELECT JSON('{\"a\": \"b\"}')")
+                    store.startup_probe(conn)
                 except OperationalError as exc:
                     text = str(exc).lower()
                     if "locked" not in text and "busy" not in text:
@@ -368,7 +368,8 @@ class Command(BaseCommand):
         Other databases are not asked anything here, so a worker can start
         while its PostgreSQL server is still coming up (it reconnects).
         """
-        if options.get("skip_checks") or connections[conf.database()].vendor != "sqlite":
+        store = None if options.get("skip_checks") else storage.find(connections[conf.database()])
+        if store is None or not store.embedded:
             return
         self.check(tags=[Tags.database], databases=[conf.database()])
 
