@@ -96,11 +96,23 @@ def average(total: int, count: int) -> str:
 
 
 def pretty_json(value, *, limit: int = MAX_SHOWN_CHARS) -> str:
-    """``value`` as indented JSON text, cut after ``limit`` characters with a note."""
-    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
-    if len(text) > limit:
-        text = text[:limit] + f"\n… [cut: {len(text) - limit} more characters not shown]"
-    return text
+    """``value`` as indented JSON text, cut after ``limit`` characters with a note.
+
+    The text is built piece by piece and the encoding stops at the cut:
+    indented, a payload nesting 64 levels holds up to 130 spaces per value,
+    so a 1 MiB payload would be a 68 MB string before it was cut.
+    """
+    parts: list[str] = []
+    size = 0
+    for chunk in _INDENTED.iterencode(value):
+        parts.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return "".join(parts)[:limit] + f"\n… [cut: only the first {limit} characters are shown]"
+    return "".join(parts)
+
+
+_INDENTED = json.JSONEncoder(indent=2, ensure_ascii=False)
 
 
 def json_block(value):
