@@ -96,11 +96,23 @@ def average(total: int, count: int) -> str:
 
 
 def pretty_json(value, *, limit: int = MAX_SHOWN_CHARS) -> str:
-    """``value`` as indented JSON text, cut after ``limit`` characters with a note."""
-    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
-    if len(text) > limit:
-        text = text[:limit] + f"\n… [cut: {len(text) - limit} more characters not shown]"
-    return text
+    """``value`` as indented JSON text, cut after ``limit`` characters with a note.
+
+    The text is built piece by piece and the encoding stops at the cut:
+    indented, a payload nesting 64 levels holds up to 130 spaces per value,
+    so a 1 MiB payload would be a 68 MB string before it was cut.
+    """
+    parts: list[str] = []
+    size = 0
+    for chunk in _INDENTED.iterencode(value):
+        parts.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return "".join(parts)[:limit] + f"\n… [cut: only the first {limit} characters are shown]"
+    return "".join(parts)
+
+
+_INDENTED = json.JSONEncoder(indent=2, ensure_ascii=False)
 
 
 def json_block(value):
@@ -247,8 +259,14 @@ class QueueFilter(admin.RelatedFieldListFilter):
 
     Django's own filter lists every queue: with thousands of them each list page
     would carry a megabyte of links (and, with facets, a count per queue). The
-    queue picked in the URL is always among the choices; a last entry links to
-    the queue list, whose search finds any queue and whose counts link back here.
+    queues picked in the URL are among the choices (at most :data:`FILTER_QUEUES`
+    more of them); a last entry links to the queue list, whose search finds any
+    queue and whose counts link back here.
+
+    The choices never carry facet counts, even with "Show counts" (``?_facets``):
+    each count is one more aggregate over the whole job table, so a view-only
+    user's click would cost a scan with a hundred of them. The queue list shows
+    the counts per queue from its counters instead (docs/admin.md, "Jobs").
     """
 
     def field_choices(self, field, request, model_admin):
@@ -260,13 +278,13 @@ class QueueFilter(admin.RelatedFieldListFilter):
         self.fq_more = len(rows) > FILTER_QUEUES
         rows = rows[:FILTER_QUEUES]
         picked = {int(v) for v in (self.lookup_val or ()) if isinstance(v, str) and v.isdigit() and len(v) < 19}
-        missing = picked - {pk for pk, _ in rows}
+        missing = sorted(picked - {pk for pk, _ in rows})[:FILTER_QUEUES]  # a URL may name thousands
         if missing:
             rows += list(queues.filter(pk__in=missing).values_list("pk", "name"))
         return rows
 
     def choices(self, changelist):
-        yield from super().choices(changelist)
+        yield from super().choices(_WithoutFacets(changelist))
         if getattr(self, "fq_more", False):
             from django.urls import reverse
 
@@ -275,3 +293,15 @@ class QueueFilter(admin.RelatedFieldListFilter):
                 "query_string": reverse("admin:django_fq_queue_changelist", current_app=changelist.model_admin.admin_site.name),
                 "display": f"More queues… (first {FILTER_QUEUES} by name shown)",
             }
+
+
+class _WithoutFacets:
+    """A changelist as a filter sees it, with facets off (see :class:`QueueFilter`)."""
+
+    add_facets = False
+
+    def __init__(self, changelist):
+        self._changelist = changelist
+
+    def __getattr__(self, name):
+        return getattr(self._changelist, name)

@@ -104,6 +104,19 @@ _JOB_PARAM = OpenApiParameter("job_id", {"type": "string", "minLength": 1}, Open
 # --- the base view ----------------------------------------------------------------------------
 
 
+class CompactJSONRenderer(JSONRenderer):
+    """DRF's JSON renderer without the ``indent`` a client may ask for (``Accept: application/json; indent=8``).
+
+    Indenting writes each value on its own line after up to 8 spaces per
+    level: a claim of payloads nesting 64 levels (as allowed) would answer
+    hundreds of times the bytes it reads, built in memory by Python's pure
+    encoder. Every answer is compact JSON (docs/rest-api.md, "Limits").
+    """
+
+    def get_indent(self, accepted_media_type, renderer_context):
+        return None
+
+
 class FqAPIView(APIView):
     """Base of every django-fq view: settings read per request, JSON only, uniform errors.
 
@@ -113,7 +126,7 @@ class FqAPIView(APIView):
 
     capabilities: dict[str, tuple[str, ...]] = {}
     parser_classes = [FqJSONParser]
-    renderer_classes = [JSONRenderer]
+    renderer_classes = [CompactJSONRenderer]
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

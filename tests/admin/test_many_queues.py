@@ -168,3 +168,43 @@ def test_the_queue_filter_of_a_list_is_bounded(root_client, monkeypatch, model):
     assert len(choices) == 1 + 4 + 1 + 1 and shown[-1].startswith("More queues")
     assert [c["display"] for c in choices if c["selected"]] == [names[17]]
     assert choices[-1]["query_string"] == changelist("queue")
+
+
+@pytest.mark.parametrize("model", ["job", "lease", "idempotencytoken"])
+def test_show_counts_adds_no_count_per_queue(root_client, monkeypatch, model):
+    """docs/admin.md, "Jobs": "Show counts" (``?_facets``) counts states, never each offered queue.
+
+    Each queue's count would be one more aggregate over the whole table: a
+    view-only user's click cost a scan with a hundred of them.
+    """
+    from django_fq.admin import display
+
+    monkeypatch.setattr(display, "FILTER_QUEUES", 4)
+    names = _queues(4)
+    for name in names:
+        fq.enqueue(name, {"n": 1}, idempotency=f"tok-{name}")
+        fq.claim(name, worker="worker-7")
+    few = _queries(lambda: root_client.get(changelist(model), {"_facets": "True"}))
+    response = root_client.get(changelist(model), {"_facets": "True"})
+    assert response.status_code == 200
+    spec = next(f for f in response.context["cl"].filter_specs if f.title == "queue")
+    shown = [c["display"] for c in spec.choices(response.context["cl"])]
+    assert shown[1:5] == names  # no " (1)" after a queue's name
+    if model == "job":
+        assert "running (4)" in text(response)  # the state filter still counts
+    _queues(20, prefix="more")
+    assert _queries(lambda: root_client.get(changelist(model), {"_facets": "True"})) == few
+
+
+def test_a_url_naming_many_queues_adds_a_bounded_number_of_choices(root_client, monkeypatch):
+    """A filter URL naming hundreds of queue ids offers at most FILTER_QUEUES of them beyond the first ones."""
+    from django_fq.admin import display
+
+    monkeypatch.setattr(display, "FILTER_QUEUES", 4)
+    _queues(30)
+    ids = sorted(Queue.objects.values_list("pk", flat=True))
+    response = root_client.get(changelist("job"), {"queue__id__exact": [str(i) for i in ids[4:]]})
+    assert response.status_code == 200
+    spec = next(f for f in response.context["cl"].filter_specs if f.title == "queue")
+    choices = list(spec.choices(response.context["cl"]))
+    assert len(choices) == 1 + 4 + 4 + 1  # All, the first 4, 4 of the 26 picked, "More queues…"

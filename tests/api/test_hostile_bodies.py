@@ -207,3 +207,25 @@ def test_too_many_envelopes_are_refused_naming_jobs(api, settings):
     r = post(api, "enqueue-bulk", json.dumps({"jobs": [{"payload": i} for i in range(6)]}), Q)
     err(r, 400, "count_out_of_range", "jobs")
     assert services.queues() == []
+
+
+def _deep_wide_payload(levels: int, items: int):
+    value: object = [0] * items
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("accept", ["application/json; indent=8", "application/json; indent=4", "*/*; indent=8"])
+def test_an_indent_asked_in_accept_is_ignored_so_an_answer_stays_compact(api, accept):
+    """docs/rest-api.md, "Limits": a payload nesting 64 levels must not answer hundreds of times its size."""
+    payload = _deep_wide_payload(MAX_JSON_DEPTH, 2000)
+    compact = len(json.dumps(payload, separators=(",", ":")))
+    services.configure(Q)
+    job_id = services.enqueue(Q, payload).id
+    claimed = api.post(url("claim", Q), {"count": 1}, HTTP_ACCEPT=accept)
+    assert claimed.status_code == 200
+    assert b"\n" not in claimed.content and len(claimed.content) < compact + 1000
+    assert claimed.json()[0]["payload"] == payload
+    detail = api.get(url("job", Q, job_id), HTTP_ACCEPT=accept)
+    assert detail.status_code == 200 and b"\n" not in detail.content
