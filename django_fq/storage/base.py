@@ -141,7 +141,6 @@ class Store(abc.ABC):
 
     # --- the admin dashboard ---------------------------------------------------------------------
 
-    @abc.abstractmethod
     def failure_buckets(
         self,
         conn: Any,
@@ -165,3 +164,38 @@ class Store(abc.ABC):
         than ``scan_limit`` jobs had a history then. No error text leaves the
         database.
         """
+        where = "changed_at >= %s"
+        params: list = [start]
+        if queue_id is not None:
+            where += " AND queue_id = %s"
+            params.append(queue_id)
+        marks = ", ".join(["%s"] * len(kinds))
+        newest = f"SELECT errors FROM {job_table} WHERE {where} AND {self.errors_filter_sql} ORDER BY changed_at DESC LIMIT %s"
+        entries = self.failure_entries_sql(newest, marks)
+        with conn.cursor() as cur:
+            cur.execute(
+                f"SELECT (f.at - %s) / {bucket_ms:d} AS bucket, COUNT(*) AS n FROM ({entries}) AS f "
+                "WHERE f.at >= %s AND f.at < %s GROUP BY 1",
+                [start, *params, scan_limit, *kinds, start, end],
+            )
+            buckets = [(int(b), int(n)) for b, n in cur.fetchall()]
+            # Cut when more jobs than the limit have a history changed within the window.
+            cur.execute(
+                f"SELECT COUNT(*) FROM (SELECT 1 FROM {job_table} WHERE {where} AND {self.errors_filter_sql} LIMIT %s) AS c",
+                [*params, scan_limit + 1],
+            )
+            partial = int(cur.fetchone()[0]) > scan_limit
+        return buckets, partial
+
+    #: SQL condition on the ``errors`` column: a non-empty JSON array (this backend's JSON functions).
+    errors_filter_sql: str = ""
+
+    @abc.abstractmethod
+    def failure_entries_sql(self, newest: str, marks: str) -> str:
+        """SQL of one row ``(at)`` per failure entry of the histories selected by ``newest``.
+
+        ``newest`` is a subquery with an ``errors`` column; ``marks`` the
+        placeholders of the failure kinds. ``at`` is NULL when an entry's
+        ``at`` is not a whole number. Code-written text only (the SQL audit).
+        """
+

@@ -8,7 +8,6 @@ statements are prepared on the server.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from typing import Any
 
 from django.db import transaction
@@ -105,46 +104,13 @@ class PostgresStore(Store):
     def startup_probe(self, conn: Any) -> None:
         return None  # no database-wide lock to meet; a worker may start before its server is up
 
-    def failure_buckets(
-        self,
-        conn: Any,
-        *,
-        job_table: str,
-        start: int,
-        end: int,
-        queue_id: int | None,
-        kinds: Sequence[str],
-        bucket_ms: int,
-        scan_limit: int,
-    ) -> tuple[list[tuple[int, int]], bool]:
-        where = "changed_at >= %s"
-        params: list = [start]
-        if queue_id is not None:
-            where += " AND queue_id = %s"
-            params.append(queue_id)
-        marks = ", ".join(["%s"] * len(kinds))
-        newest = (
-            f"SELECT errors FROM {job_table} WHERE {where} AND jsonb_typeof(errors) = 'array' "
-            "AND errors <> '[]'::jsonb ORDER BY changed_at DESC LIMIT %s"
-        )
+    errors_filter_sql = "jsonb_typeof(errors) = 'array' AND errors <> '[]'::jsonb"
+
+    def failure_entries_sql(self, newest: str, marks: str) -> str:
         # CASE keeps the cast away from entries whose "at" is not a whole number.
-        entries = (
+        return (
             "SELECT CASE WHEN jsonb_typeof(e.value -> 'at') = 'number' AND (e.value ->> 'at') ~ '^[0-9]{1,18}$' "
             "THEN CAST(e.value ->> 'at' AS bigint) END AS at "
             f"FROM ({newest}) AS j CROSS JOIN LATERAL jsonb_array_elements(j.errors) AS e(value) "
             f"WHERE jsonb_typeof(e.value) = 'object' AND e.value ->> 'kind' IN ({marks})"
         )
-        with conn.cursor() as cur:
-            cur.execute(
-                f"SELECT (f.at - %s) / {bucket_ms:d} AS bucket, COUNT(*) AS n FROM ({entries}) AS f "
-                "WHERE f.at >= %s AND f.at < %s GROUP BY 1",
-                [start, *params, scan_limit, *kinds, start, end],
-            )
-            buckets = [(int(b), int(n)) for b, n in cur.fetchall()]
-            # Cut when more jobs than the limit have a history changed within the window.
-            cur.execute(
-                f"SELECT COUNT(*) FROM (SELECT 1 FROM {job_table} WHERE {where} AND errors <> '[]'::jsonb LIMIT %s) AS c",
-                [*params, scan_limit + 1],
-            )
-            partial = int(cur.fetchone()[0]) > scan_limit
-        return buckets, partial

@@ -8,7 +8,6 @@ read-then-write can never fail half-way). No LISTEN/NOTIFY: workers poll.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from typing import Any
 
 from django.db import transaction
@@ -117,44 +116,11 @@ class SqliteStore(Store):
         with conn.cursor() as cursor, transaction.atomic(using=conn.alias):
             cursor.execute("SELECT JSON('{\"a\": \"b\"}')")
 
-    def failure_buckets(
-        self,
-        conn: Any,
-        *,
-        job_table: str,
-        start: int,
-        end: int,
-        queue_id: int | None,
-        kinds: Sequence[str],
-        bucket_ms: int,
-        scan_limit: int,
-    ) -> tuple[list[tuple[int, int]], bool]:
-        where = "changed_at >= %s"
-        params: list = [start]
-        if queue_id is not None:
-            where += " AND queue_id = %s"
-            params.append(queue_id)
-        marks = ", ".join(["%s"] * len(kinds))
-        newest = (
-            f"SELECT errors FROM {job_table} WHERE {where} AND json_type(errors) = 'array' "
-            "AND errors <> '[]' ORDER BY changed_at DESC LIMIT %s"
-        )
-        entries = (
+    errors_filter_sql = "json_type(errors) = 'array' AND errors <> '[]'"
+
+    def failure_entries_sql(self, newest: str, marks: str) -> str:
+        return (
             "SELECT CASE WHEN json_type(e.value, '$.at') = 'integer' THEN json_extract(e.value, '$.at') END AS at "
             f"FROM ({newest}) AS j, json_each(j.errors) AS e "
             f"WHERE e.type = 'object' AND json_extract(e.value, '$.kind') IN ({marks})"
         )
-        with conn.cursor() as cur:
-            cur.execute(
-                f"SELECT (f.at - %s) / {bucket_ms:d} AS bucket, COUNT(*) AS n FROM ({entries}) AS f "
-                "WHERE f.at >= %s AND f.at < %s GROUP BY 1",
-                [start, *params, scan_limit, *kinds, start, end],
-            )
-            buckets = [(int(b), int(n)) for b, n in cur.fetchall()]
-            # Cut when more jobs than the limit have a history changed within the window.
-            cur.execute(
-                f"SELECT COUNT(*) FROM (SELECT 1 FROM {job_table} WHERE {where} AND errors <> '[]' LIMIT %s) AS c",
-                [*params, scan_limit + 1],
-            )
-            partial = int(cur.fetchone()[0]) > scan_limit
-        return buckets, partial
