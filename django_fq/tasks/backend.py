@@ -348,11 +348,15 @@ class FqBackend(tasks.BaseTaskBackend):
 
     def _new_result(self, task, created, payload: dict):
         """The ``TaskResult`` of a job this backend has just created (``READY``), from the enqueue's own answer."""
+        return self._ready_result(task, created.id, to_datetime(created.enqueued_at), payload)
+
+    def _ready_result(self, task, result_id: str, enqueued_at, payload: dict):
+        """A ``READY`` ``TaskResult`` with id ``result_id`` (a job id, or a provisional token) and no attempt yet."""
         result: tasks.TaskResult[Any, Any] = tasks.TaskResult(
             task=task,
-            id=created.id,
+            id=result_id,
             status=tasks.TaskResultStatus.READY,
-            enqueued_at=to_datetime(created.enqueued_at),
+            enqueued_at=enqueued_at,
             started_at=None,
             finished_at=None,
             last_attempted_at=None,
@@ -390,20 +394,7 @@ class FqBackend(tasks.BaseTaskBackend):
         """
         token = options.get("idempotency") or secrets.token_hex(16)
         options = {**options, "idempotency": token}
-        result: tasks.TaskResult[Any, Any] = tasks.TaskResult(
-            task=task,
-            id=token,
-            status=tasks.TaskResultStatus.READY,
-            enqueued_at=None,
-            started_at=None,
-            finished_at=None,
-            last_attempted_at=None,
-            args=payload["args"],
-            kwargs=payload["kwargs"],
-            backend=self.alias,
-            errors=[],
-            worker_ids=[],
-        )
+        result = self._ready_result(task, token, None, payload)
 
         def write():
             fq = self._fq()
