@@ -2,18 +2,22 @@
 #
 #   make demo        the example project end to end on SQLite (creates .venv first)
 #   make test        the whole matrix: Django 5.2/Python 3.11 and Django 6.x/Python 3.12,
-#                    each on SQLite and PostgreSQL, plus Django 6.0/Python 3.13 on SQLite
-#                    (tests marked `slow` excluded)
-#   make test-quick  one venv (.venv), SQLite only
+#                    each on SQLite, PostgreSQL and MariaDB, plus Django 6.0/Python 3.13
+#                    on SQLite (tests marked `slow` excluded); one leg:
+#                    scripts/test-matrix.sh LEG, e.g. dj52-mariadb (builds mysqlclient)
+#   make test-quick  one venv (.venv), SQLite only (no database server or mysqlclient)
 #   make test-slow   only the tests marked `slow`, on SQLite and PostgreSQL (Django 5.2;
 #                    SLOW_LEGS="dj6-sqlite ..." picks other legs), then the admin's browser
-#                    tests on Django 6.x (BROWSER_LEGS, default dj6-sqlite; empty: skip)
+#                    tests on Django 6.x (BROWSER_LEGS, default dj6-sqlite; empty: skip), then
+#                    the MariaDB kill storm and server restart (CHAOS_LEGS, default dj52-mariadb)
 #   make venvs       create/update .venv, .venv-dj52, .venv-dj6 and .venv-dj60 without running anything
 #   make bench       benchmark suite on PostgreSQL + SQLite (docs/performance.md);
+#                    BENCH_ARGS="--db mariadb" (or "--db all") measures MariaDB/MySQL,
 #                    BENCH_ARGS="--with-anchors" adds the other Django queues
 #   make bench-quick the same in quick mode (< 3 min; a smoke test, not results)
-#   make chaos       fault and load scenarios (kill storm, PostgreSQL restart, partition,
-#                    stress, SQLite busy writer) on fresh databases (docs/reliability.md)
+#   make chaos       fault and load scenarios (kill storm, database restart, partition,
+#                    stress, SQLite busy writer) on fresh databases (docs/reliability.md);
+#                    CHAOS_ARGS="--db mariadb" (or "--db all") runs them on MariaDB too
 #   make lint        ruff check and mypy (django-stubs) on django_fq, in .venv-tools
 #   make docs        build the documentation site into site/ (mkdocs build --strict)
 #   make docs-serve  the documentation site with live reload on DOCS_ADDR (127.0.0.1:8001)
@@ -22,8 +26,9 @@
 #   make clean       remove var/ (demo database, emails) and build leftovers
 #
 # Extra pytest arguments: make test PYTEST_ARGS="-x -k claim"
-# PostgreSQL legs expect a server on 127.0.0.1:5432 (user postgres, trust auth);
-# see tests/settings.py for the FQ_TEST_PG_* overrides.
+# PostgreSQL legs expect a server on 127.0.0.1:5432 (user postgres, trust auth), MariaDB
+# legs one on 127.0.0.1:3306 (user root, no password) and libmariadb-dev + pkg-config;
+# see tests/settings.py for the FQ_TEST_PG_* / FQ_TEST_MYSQL_* overrides.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -31,11 +36,18 @@ SHELL := /bin/bash
 DJ52 := Django>=5.2,<5.3
 DJ6  := Django>=6.0,<6.2
 DJ60 := Django>=6.0,<6.1
-# Legs of the slow tier (any of dj52-sqlite dj52-postgres dj6-sqlite dj6-postgres dj60-sqlite).
+# Legs of the slow tier (any of dj52-sqlite dj52-postgres dj6-sqlite dj6-postgres dj60-sqlite,
+# dj52-mariadb dj6-mariadb).
 SLOW_LEGS ?= dj52-sqlite dj52-postgres
 # Legs that also run the admin's browser tests (tests/admin/test_browser.py) after the slow tier:
 # the admin's templates differ between Django 5.2 and 6.x. Empty: none.
 BROWSER_LEGS ?= dj6-sqlite
+# Legs that run the kill storm and the server restart of the chaos suite after that (the rest
+# of the MariaDB slow tier takes some 20 minutes, too long for CI). Empty: none. The restart
+# needs root (it stops and starts the local server).
+CHAOS_LEGS ?= dj52-mariadb
+CHAOS_TESTS := tests/chaos/test_chaos.py::test_kill_storm_loses_nothing_and_keeps_every_invariant \
+	tests/chaos/test_chaos.py::test_mariadb_restarted_twice_producers_and_workers_recover
 # .venv-tools: ruff, mypy, mkdocs, build and twine (Python 3.12, Django 6.x),
 # kept apart from the test venvs.
 TOOLS_EXTRAS := lint,docs,package,postgres,tasks
@@ -45,7 +57,7 @@ DOCS_ADDR ?= 127.0.0.1:8001
 	tools-venv lint docs docs-serve package-check
 
 help:
-	@sed -n '3,24p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,30p' Makefile | sed 's/^# \{0,1\}//'
 
 venv:
 	@scripts/venv.sh .venv 3.11
@@ -70,7 +82,13 @@ test-slow:
 	    FQ_MARKERS=slow FQ_ALLOW_EMPTY=1 PYTEST_ARGS="tests/admin/test_browser.py $(PYTEST_ARGS)" \
 	        scripts/test-matrix.sh $(BROWSER_LEGS) || browser=$$?; \
 	fi; \
-	[ $$slow -eq 0 ] && [ $$browser -eq 0 ]
+	chaos=0; \
+	if [ -n "$(strip $(CHAOS_LEGS))" ]; then \
+	    FQ_MARKERS=slow FQ_ALLOW_EMPTY=1 \
+	        PYTEST_ARGS="$(CHAOS_TESTS) $(PYTEST_ARGS)" \
+	        scripts/test-matrix.sh $(CHAOS_LEGS) || chaos=$$?; \
+	fi; \
+	[ $$slow -eq 0 ] && [ $$browser -eq 0 ] && [ $$chaos -eq 0 ]
 
 bench: venv
 	.venv/bin/python bench/run.py $(BENCH_ARGS)
@@ -79,7 +97,7 @@ bench-quick: venv
 	.venv/bin/python bench/run.py --quick $(BENCH_ARGS)
 
 # CHAOS_ARGS="--scenario kill-storm --db postgres --minutes 30" picks, sizes or soaks.
-# The db-restart scenario restarts the local PostgreSQL cluster (every session ends).
+# The db-restart scenario restarts the local PostgreSQL cluster or MariaDB server (every session ends).
 chaos: venv
 	.venv/bin/python -m tests.chaos.run $(CHAOS_ARGS)
 

@@ -3,10 +3,13 @@
 The database is chosen by environment variables, which ``bench/suite.py`` sets
 for itself and passes on to the ``fq_worker`` processes it starts:
 
-* ``FQ_BENCH_DB``: ``postgres`` or ``sqlite``;
+* ``FQ_BENCH_DB``: ``postgres``, ``sqlite`` or ``mariadb``;
 * ``FQ_BENCH_PG_NAME`` (default ``fq_bench_suite``), ``FQ_BENCH_PG_HOST``
   (``127.0.0.1``), ``FQ_BENCH_PG_PORT`` (``5432``), ``FQ_BENCH_PG_USER``
   (``postgres``);
+* ``FQ_BENCH_MYSQL_NAME`` (default ``fq_bench_suite``), ``FQ_BENCH_MYSQL_HOST``
+  (``127.0.0.1``), ``FQ_BENCH_MYSQL_PORT`` (``3306``), ``FQ_BENCH_MYSQL_USER``
+  (``root``, no password): MariaDB 10.6+ / MySQL 8.0+;
 * ``FQ_BENCH_SQLITE_PATH``: the SQLite file (the suite makes a fresh one in a
   temporary directory);
 * ``FQ_BENCH_CLAIM_DBS``: the databases of the claim-latency scenarios (aliases
@@ -59,8 +62,21 @@ elif DB == "sqlite":
             },
         }
     }
+elif DB == "mariadb":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": os.environ.get("FQ_BENCH_MYSQL_NAME", "fq_bench_suite"),
+            "USER": os.environ.get("FQ_BENCH_MYSQL_USER", "root"),
+            "PASSWORD": os.environ.get("FQ_BENCH_MYSQL_PASSWORD", ""),
+            "HOST": os.environ.get("FQ_BENCH_MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("FQ_BENCH_MYSQL_PORT", "3306"),
+            # Django's default isolation on this backend (READ COMMITTED), written out; the test settings use it too.
+            "OPTIONS": {"charset": "utf8mb4", "isolation_level": "read committed"},
+        }
+    }
 else:
-    raise RuntimeError(f"FQ_BENCH_DB must be 'postgres' or 'sqlite', not {DB!r}")
+    raise RuntimeError(f"FQ_BENCH_DB must be 'postgres', 'sqlite' or 'mariadb', not {DB!r}")
 
 # The claim-latency scenarios each get a database of their own, like "default" but
 # for the name: FQ_BENCH_CLAIM_DBS="ready_small=NAME,ready_large=NAME,...".

@@ -6,6 +6,8 @@ touches the app registry.
 """
 
 from .exceptions import (  # noqa: F401  (re-exported)
+    BatchFailure,
+    EnqueueRefused,
     FqError,
     InvalidArgument,
     InvalidReceipt,
@@ -16,6 +18,8 @@ from .exceptions import (  # noqa: F401  (re-exported)
     QueueFull,
     QueueNotFound,
     ReceiptCancelled,
+    RetryAfter,
+    Snooze,
     TooManyQueues,
     WaitTimeout,
 )
@@ -25,12 +29,15 @@ __version__ = "0.1.0"
 _LAZY = {
     "Queue": ("django_fq.client", "Queue"),
     "handler": ("django_fq.handlers", "handler"),
+    "EnqueueRequest": ("django_fq.middleware", "EnqueueRequest"),
+    "BatchResult": ("django_fq.worker.batch", "BatchResult"),
+    "JobBatch": ("django_fq.worker.batch", "JobBatch"),
 }
 _SERVICES = frozenset(
     {
         "ack", "ack_many", "cancel", "claim", "configure", "delete_queue", "enqueue", "enqueue_many",
         "extend", "fold_counters", "get", "jobs", "nack", "policy", "prune", "queues", "reap", "release",
-        "requeue", "retry", "stats", "wait",
+        "report_progress", "requeue", "retry", "stats", "wait",
     }
 )
 

@@ -15,9 +15,12 @@ run_ms_sum, run_count}}``
 ``{"type": "job", "queue", "id", "state", "priority", "run_at",
 "enqueued_at", "changed_at", "claimed_at", "finished_at", "attempts",
 "max_attempts", "generation", "timeout_ms", "payload", "result",
-"last_error", "errors", "unique_key", "idempotency", "worker"}`` — ``state``
+"last_error", "errors", "unique_key", "idempotency", "worker", "metadata"}`` — ``state``
 is ``scheduled``, ``ready``, ``succeeded``, ``dead`` or ``cancelled``;
-``payload`` and ``result`` are JSON values (``result`` null when unset).
+``payload`` and ``result`` are JSON values (``result`` null when unset);
+``metadata`` the job's metadata object (null or absent when it has none; its
+``"tags"`` rebuild the tags column on import). The key came with metadata in
+0.1.0 before any release, so the format stays version 1.
 
 ``{"type": "token", "queue", "token", "job_id", "created_at", "expires_at"}``
 
@@ -74,7 +77,7 @@ from typing import IO, Any, cast
 from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Case, F, Field, Value, When
 
-from . import conf, db, storage, validation
+from . import conf, db, payloads, storage, validation
 from .exceptions import ImportConflict, InvalidArgument, InvalidBackup, QueueNotFound, TooManyQueues
 from .models import IdempotencyToken, Job, Queue
 from .services._base import (
@@ -87,8 +90,10 @@ from .services._base import (
     counter_sums,
     history_entry,
     manager,
+    queue_overflow,
 )
 from .services.queues import POLICY_BOUNDS
+from .storage.base import body_statement_bytes, split_by_bytes
 from .types import TIMING_NAMES, TOTAL_NAMES, QueuePolicy
 
 #: The ``format`` value of a backup's header line.
@@ -119,7 +124,7 @@ _JOB_KEYS = frozenset(
     {
         "type", "queue", "id", "state", "priority", "run_at", "enqueued_at", "changed_at", "claimed_at",
         "finished_at", "attempts", "max_attempts", "generation", "timeout_ms", "payload", "result",
-        "last_error", "errors", "unique_key", "idempotency", "worker",
+        "last_error", "errors", "unique_key", "idempotency", "worker", "metadata",
     }
 )  # fmt: skip
 _TOKEN_KEYS = frozenset({"type", "queue", "token", "job_id", "created_at", "expires_at"})
@@ -225,7 +230,7 @@ class _Stored(str):
 
 
 #: Stand-ins of the stored texts while a line is encoded; NUL never occurs in a stored text.
-_SPLICE = {"payload": "\x00fq-payload\x00", "result": "\x00fq-result\x00"}
+_SPLICE = {"payload": "\x00fq-payload\x00", "result": "\x00fq-result\x00", "metadata": "\x00fq-metadata\x00"}
 
 
 def _write(out: IO[str], obj: dict) -> None:
@@ -279,7 +284,10 @@ def _job_pages(queue_id: int, exported_at: int):
 
     A running job is written as :func:`~django_fq.services.release` would leave
     it at ``exported_at``: ready, its attempt given back (attempts - 1), with a
-    ``release`` history entry and last error :data:`RUNNING_NOTE`.
+    ``release`` history entry and last error :data:`RUNNING_NOTE`. A job whose
+    offloaded body is gone by the time the page's bodies are read (deleted
+    meanwhile: only outside a snapshot) is left out; one that exists without
+    its body gets a stand-in payload (:func:`_bodiless`).
     """
     last = 0
     while True:
@@ -291,10 +299,16 @@ def _job_pages(queue_id: int, exported_at: int):
             .values(
                 "seq", "uid", "state", "exported_state", "priority", "run_at", "enqueued_at", "changed_at",
                 "claimed_at", "finished_at", "attempts", "max_attempts", "generation", "timeout_ms", "payload",
-                "result", "last_error", "errors", "unique_key", "idempotency", "worker",
+                "result", "last_error", "errors", "unique_key", "idempotency", "worker", "metadata",
             )[:_BATCH]
         )  # fmt: skip
+        # Offloaded bodies (docs/explanation/storage.md#large-payloads): one more read per page, in
+        # the export's snapshot; the line holds the payload as if it were in the row. Never the
+        # marker (``"payload":,`` is a line no import reads): see _bodiless.
+        gone = _bodiless(page, payloads.fill(db.connection(), page))
         for r in page:
+            if gone and r["uid"] in gone:
+                continue
             was_running = r["state"] == "running"
             errors = list(r["errors"] or [])
             if was_running:
@@ -322,11 +336,34 @@ def _job_pages(queue_id: int, exported_at: int):
                 "unique_key": r["unique_key"],
                 "idempotency": r["idempotency"],
                 "worker": r["worker"],
+                "metadata": None if r["metadata"] is None else _Stored(r["metadata"]),
                 "was_running": int(was_running),
             }
         if len(page) < _BATCH:
             return
         last = page[-1]["seq"]
+
+
+#: The payload text an export writes for a job that exists without its offloaded body (made dead
+#: for it at a claim): what every read face shows for it (validation.stored_json of the marker).
+_NO_BODY = json.dumps(validation.stored_json(payloads.OFFLOADED, "payload"), separators=(",", ":"))
+
+
+def _bodiless(page: list[dict], missing: list[str]) -> set[str]:
+    """Of the ``page`` rows whose body :func:`payloads.fill` did not find (uids ``missing``), those to leave out.
+
+    A job deleted after its page was read (possible only when the caller's
+    transaction is not a snapshot, e.g. READ COMMITTED) took its body with it:
+    it is left out, as if deleted before. A job still there without a body gets
+    :data:`_NO_BODY` as its payload. One more read, only when a body is missing.
+    """
+    if not missing:
+        return set()
+    still = set(manager(Job).filter(uid__in=missing).values_list("uid", flat=True))
+    for r in page:
+        if r["uid"] in still and payloads.is_offloaded(r["payload"]):
+            r["payload"] = _NO_BODY
+    return set(missing) - still
 
 
 def _token_pages(queue_id: int):
@@ -443,8 +480,8 @@ def _concurrent(exc: DatabaseError) -> bool:
     """Whether ``exc`` comes from another transaction (a unique row it committed, a deadlock), not from the file."""
     if isinstance(exc, IntegrityError):
         return True  # every value was validated: a duplicate is a row committed after the existence check
-    text = str(exc).lower()
-    return any(t in text for t in db._RETRYABLE)  # the errors db.retrying retries
+    # The errors db.retrying retries: a deadlock, a serialization failure, a lock wait that ran out.
+    return storage.for_connection(db.connection()).is_retryable(exc)
 
 
 class _Replayable:
@@ -537,7 +574,7 @@ class _QueueState:
 _JOB_COLUMNS = (
     "uid", "queue_id", "state", "priority", "run_at", "enqueued_at", "changed_at", "claimed_at", "finished_at",
     "attempts", "max_attempts", "generation", "timeout_ms", "payload", "payload_size", "result", "last_error",
-    "errors", "unique_key", "idempotency", "worker",
+    "errors", "unique_key", "idempotency", "worker", "metadata", "tags",
 )  # fmt: skip
 _TOKEN_COLUMNS = ("queue_id", "token", "job_uid", "created_at", "expires_at")
 
@@ -699,6 +736,7 @@ class _Importer:
             )
         payload, size = line.json("payload", required=True)
         result = line.json("result")[0] if line.get("result") is not None else None
+        metadata, tags = line.metadata("metadata")
         errors = line.get("errors", default=[])
         if not isinstance(errors, list) or not all(
             isinstance(e, dict) and isinstance(e.get("error", ""), str) for e in errors
@@ -738,6 +776,8 @@ class _Importer:
             unique_key=line.key("unique_key"),
             idempotency=line.key("idempotency"),
             worker=line.text("worker", 200, default=""),
+            metadata=metadata,
+            tags=tags,
         )
         if job.unique_key is not None and job.state == "queued":
             other = self.key_lines.setdefault((q.name, job.unique_key), line.n)
@@ -809,7 +849,17 @@ class _Importer:
                         line=p.line,
                         field="unique_key",
                     )
-        _insert(JOB, _JOB_COLUMNS, [p.job for p in new])
+        # Payloads above this site's FQ_PAYLOAD_OFFLOAD_BYTES go to the side table, whatever the
+        # exporting site did: the backup line holds the payload itself either way.
+        stored, bodies = payloads.split([(p.job.uid, p.job.payload, p.job.payload_size) for p in new])
+        # A body travels in a statement of its own: refused by line as _insert refuses a row, before
+        # anything of the batch is written (the row check below no longer sees the payload).
+        _refuse_large_bodies(bodies, {p.job.uid: p.line for p in new})
+        for p, text in zip(new, stored, strict=True):
+            p.job.payload = text
+        _insert(JOB, _JOB_COLUMNS, [p.job for p in new], lines=[p.line for p in new])
+        conn = db.connection()
+        storage.for_connection(conn).insert_bodies(conn, bodies)
         for p in new:
             p.queue.active += int(p.job.state == "queued")
         self.counts["jobs_created"] += len(new)
@@ -844,7 +894,7 @@ class _Importer:
                     self.counts["tokens_skipped"] += 1
                 else:
                     new.append(p)
-        _insert(TOKEN, _TOKEN_COLUMNS, [p.token for p in new])
+        _insert(TOKEN, _TOKEN_COLUMNS, [p.token for p in new], lines=[p.line for p in new])
         for p in new:
             p.queue.tokens += 1
         self.counts["tokens_created"] += len(new)
@@ -858,25 +908,20 @@ class _Importer:
         self._flush_jobs()
         self._flush_tokens()
         conn = db.connection()
-        max_jobs = int(conf.get("FQ_MAX_JOBS_PER_QUEUE"))
-        max_tokens = int(conf.get("FQ_MAX_TOKENS_PER_QUEUE"))
         for q in self.queues.values():
-            if q.active or q.tokens:
-                now = counter_sums(conn, q.id, ("active", "token_rows"))
-                if now["active"] + q.active > max_jobs:
-                    raise InvalidBackup(
-                        f"queue {q.name} would hold {now['active'] + q.active} scheduled/ready/running jobs, "
-                        f"more than FQ_MAX_JOBS_PER_QUEUE ({max_jobs})",
-                        line=q.line,
-                        field="name",
-                    )
-                if now["token_rows"] + q.tokens > max_tokens:
-                    raise InvalidBackup(
-                        f"queue {q.name} would hold {now['token_rows'] + q.tokens} idempotency tokens, "
-                        f"more than FQ_MAX_TOKENS_PER_QUEUE ({max_tokens})",
-                        line=q.line,
-                        field="name",
-                    )
+            # The rule every writer of jobs and tokens follows (the enqueue's), with the import's error.
+            over = queue_overflow(conn, q.id, jobs=q.active, tokens=q.tokens)
+            if over is not None:
+                what = (
+                    "scheduled/ready/running jobs" if over.setting == "FQ_MAX_JOBS_PER_QUEUE" else "idempotency tokens"
+                )
+                raise InvalidBackup(
+                    f"queue {q.name} would hold {over.held + over.adding} {what}, "
+                    f"more than {over.setting} ({over.limit})",
+                    line=q.line,
+                    field="name",
+                )
+            # Through the counters' one writer (it asks the store), whose ** mappings the SQL audit reviews.
             add_counters(conn, q.id, **q.totals, active=q.active, token_rows=q.tokens)
             if q.active:
                 db.notify(conn, q.name)  # delivered at commit: idle workers look at once
@@ -895,8 +940,18 @@ class _Importer:
         )
 
 
-def _insert(table: str, columns: Sequence[str], rows: list[_Row]) -> None:
-    """``INSERT`` ``rows`` (validated values), many rows per statement; JSON columns adapted as the ORM does."""
+def _insert(table: str, columns: Sequence[str], rows: list[_Row], *, lines: Sequence[int]) -> None:
+    """``INSERT`` ``rows`` (validated values) through the store, many rows per statement; JSON adapted as the ORM does.
+
+    ``lines`` are the backup file's line numbers of ``rows`` (1-based, one
+    each). Raises :class:`InvalidBackup` naming the line and its largest
+    column, before writing anything of the batch, when one row alone is
+    longer than a statement the server accepts (MariaDB/MySQL:
+    ``max_allowed_packet``, see W030 in docs/reference/checks.md): a job
+    with a payload, a result and 100 error entries of 64 KiB each at
+    their caps is ~8.5 MiB of text, which escaping may double past the
+    default 16 MiB. Without this the server would drop the connection.
+    """
     if not rows:
         return
     conn = db.connection()
@@ -910,14 +965,64 @@ def _insert(table: str, columns: Sequence[str], rows: list[_Row]) -> None:
             if c in json_fields:
                 values[i] = json_fields[c].get_db_prep_save(values[i], connection=conn)
         params.append(values)
-    row_sql = f"({', '.join(['%s'] * len(columns))})"
-    with conn.cursor() as cur:
-        for start in range(0, len(params), _ROWS_PER_INSERT):
-            chunk = params[start : start + _ROWS_PER_INSERT]
-            cur.execute(
-                f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join([row_sql] * len(chunk))}",
-                [v for values in chunk for v in values],
+    store = storage.for_connection(conn)
+    # At most _ROWS_PER_INSERT rows, and within the store's statement size (a run of payloads
+    # at the cap is megabytes: MariaDB refuses a statement past max_allowed_packet).
+    budget = store.statement_budget(conn)
+    sizes = [_escaped_bytes(values) for values in params]
+    if budget is not None:
+        for values, size, line in zip(params, sizes, lines, strict=True):
+            if size > budget:
+                widest = max(range(len(columns)), key=lambda i: _escaped_bytes([values[i]]))
+                raise InvalidBackup(
+                    f"this row needs up to {size} bytes of statement text, more than the server takes in one "
+                    f"statement ({budget} bytes, from its max_allowed_packet); raise max_allowed_packet",
+                    line=line,
+                    field=columns[widest],
+                )
+    for start in range(0, len(params), _ROWS_PER_INSERT):
+        page = params[start : start + _ROWS_PER_INSERT]
+        for run in split_by_bytes(page, sizes[start : start + _ROWS_PER_INSERT], budget):
+            store.insert_rows(conn, table, columns, run)
+
+
+def _refuse_large_bodies(bodies: Sequence[tuple[str, str]], line_of: dict[str, int]) -> None:
+    """Raise :class:`InvalidBackup` (field ``payload``) for the first offloaded body longer than one statement.
+
+    ``bodies`` are :func:`payloads.split`'s ``(job uid, text)``; ``line_of`` the
+    backup line of each uid. The bytes are what
+    :meth:`~django_fq.storage.base.Store.insert_bodies` allows for a body
+    (:func:`~django_fq.storage.base.body_statement_bytes`); the budget is the
+    store's (MariaDB/MySQL: from ``max_allowed_packet``; none elsewhere).
+    """
+    if not bodies:
+        return
+    conn = db.connection()
+    budget = storage.for_connection(conn).statement_budget(conn)
+    if budget is None:
+        return
+    for uid, text in bodies:
+        size = body_statement_bytes(text)
+        if size > budget:
+            raise InvalidBackup(
+                f"this payload needs up to {size} bytes of statement text, more than the server takes in one "
+                f"statement ({budget} bytes, from its max_allowed_packet); raise max_allowed_packet",
+                line=line_of[uid],
+                field="payload",
             )
+
+
+def _escaped_bytes(values: Sequence[Any]) -> int:
+    """Bytes a row of parameter ``values`` may take in a statement's text: escaping at most doubles text."""
+    size = 0
+    for v in values:
+        if isinstance(v, str):
+            size += 2 * len(v.encode()) + 8
+        elif isinstance(v, bytes):
+            size += 2 * len(v) + 8
+        else:
+            size += 32  # a number, NULL, or a value adapted by the driver
+    return size
 
 
 def _find_queue(name: str) -> int | None:
@@ -1005,6 +1110,13 @@ class _Line:
             return validation.json_text(value, key, limit)
         except InvalidArgument as exc:
             raise self.error(exc.message, key) from None
+
+    def metadata(self, key: str) -> tuple[str | None, str | None]:
+        """Job metadata and its tags column, under enqueue's rules but the hard cap (64 KiB), not the site's limit."""
+        try:
+            return validation.metadata(self.get(key), key, conf.HARD_METADATA_CAP_BYTES)
+        except InvalidArgument as exc:
+            raise self.error(exc.message, exc.field or key) from None
 
     def obj_of(self, key: str, allowed: Sequence[str]) -> dict:
         value = self.get(key, default={})

@@ -5,7 +5,8 @@ id                 meaning
 =================  ===================================================================
 django_fq.E001     ``FQ_MAX_PAYLOAD_BYTES`` is not an int within 1 byte – 32 MiB
 django_fq.E002     ``FQ_DATABASE`` names no alias of ``DATABASES``
-django_fq.E003     an ``FQ_MAX_*`` / retention setting is not a positive int
+django_fq.E003     an ``FQ_MAX_*`` / retention setting is not a positive int (or
+                   ``FQ_METRICS_MAX_QUEUES`` / ``FQ_PAYLOAD_OFFLOAD_BYTES`` below 0)
 django_fq.E004     SQLite file database not in WAL mode (several worker processes
                    would block each other and readers); checked with ``--database``
 django_fq.E005     a ``TASKS`` alias whose ``BACKEND`` is django-fq's cannot be built
@@ -17,11 +18,28 @@ django_fq.E007     a django-fq ``TASKS`` backend while ``django_fq`` is not in
                    ``INSTALLED_APPS`` (reported by the backend's ``check()``, which
                    the Tasks framework runs)
 django_fq.E008     ``FQ_TASK_MODULES`` is not a list of dotted module names
+django_fq.E009     an ``FQ_ENQUEUE_MIDDLEWARE`` entry does not import or is not callable
+                   (or the setting is not a list)
+django_fq.E015     (``--deploy``) handler middleware (``FQ_HANDLER_MIDDLEWARE``, a handler's
+                   own) does not import, is not callable, or is async-only on a sync handler
+django_fq.E016     (``--deploy``) a batch handler (``@handler(q, batch=N)``) that the worker
+                   cannot run: an ``async def`` one
 django_fq.W001     SQLite ``transaction_mode`` is not ``IMMEDIATE``: the caller's own
                    transactions that enqueue may fail with "database is locked"
 django_fq.W002     SQLite without an explicit busy timeout (``OPTIONS["timeout"]``)
 django_fq.W003     ``FQ_DATABASE`` is not where Django's database routers send django-fq's
                    models (add ``django_fq.routers.FqRouter`` to ``DATABASE_ROUTERS``)
+django_fq.E030     MariaDB older than 10.6 / MySQL older than 8.0 (no ``SKIP LOCKED``)
+django_fq.E031     a django-fq table (or, before ``migrate``, the default storage
+                   engine) is not InnoDB
+django_fq.E032     the binary log is on with ``binlog_format=STATEMENT`` (InnoDB refuses
+                   READ COMMITTED writes then)
+django_fq.W030     ``max_allowed_packet`` is too small for ``FQ_MAX_PAYLOAD_BYTES``
+django_fq.W031     key columns compare text case- or space-insensitively again (migration
+                   0003's binary collation undone)
+django_fq.W032     the MariaDB/MySQL connection's character set is not ``utf8mb4``
+django_fq.E040     ``FQ_TRACING = True`` without the OpenTelemetry API installed, or an
+                   ``FQ_TRACING_PARENT`` other than ``"child"``/``"link"``
 =================  ===================================================================
 """
 
@@ -63,7 +81,9 @@ def load_handlers() -> None:
     except ImproperlyConfigured as exc:  # InvalidTaskBackend: its message starts with TASKS['alias']
         raise HandlerLoadError(_one_line(exc)) from exc
     except (ImportError, ValueError) as exc:
-        raise HandlerLoadError(f"cannot load the job handlers (fq_handlers modules, FQ_HANDLERS): {_one_line(exc)}") from exc
+        raise HandlerLoadError(
+            f"cannot load the job handlers (fq_handlers modules, FQ_HANDLERS): {_one_line(exc)}"
+        ) from exc
     except Exception as exc:  # any other error raised while a handler module runs (a NameError, a query at import)
         raise HandlerLoadError(
             f"cannot load the job handlers (fq_handlers modules, FQ_HANDLERS): {type(exc).__name__}: {_one_line(exc)}"
@@ -96,6 +116,9 @@ def check_settings(app_configs=None, **kwargs):
     metrics_queues = getattr(settings, "FQ_METRICS_MAX_QUEUES", 0)
     if isinstance(metrics_queues, bool) or not isinstance(metrics_queues, int) or metrics_queues < 0:
         errors.append(Error("FQ_METRICS_MAX_QUEUES must be an integer of at least 0.", id="django_fq.E003"))
+    offload = conf.get("FQ_PAYLOAD_OFFLOAD_BYTES")
+    if isinstance(offload, bool) or not isinstance(offload, int) or offload < 0:
+        errors.append(Error("FQ_PAYLOAD_OFFLOAD_BYTES must be an integer of at least 0.", id="django_fq.E003"))
     if getattr(settings, "FQ_TASK_MODULES", None) is not None:
         problem = validation.task_modules_problem(settings.FQ_TASK_MODULES)
         if problem:
@@ -106,6 +129,15 @@ def check_settings(app_configs=None, **kwargs):
                     id="django_fq.E008",
                 )
             )
+    enqueue_mw = _enqueue_middleware_problem()
+    if enqueue_mw:
+        errors.append(
+            Error(
+                enqueue_mw,
+                hint="Every enqueue fails while it is wrong (docs/how-to/middleware.md).",
+                id="django_fq.E009",
+            )
+        )
     if conf.database() in settings.DATABASES:
         errors += _check_routing()
     db: dict[str, Any] = settings.DATABASES.get(conf.database(), {})
@@ -220,7 +252,46 @@ def check_handlers(app_configs=None, **kwargs):
                 id="django_fq.E006",
             )
         )
+        return errors
+    from .exceptions import WorkerConfigError
+    from .middleware import chain_for
+
+    # A broken FQ_HANDLER_MIDDLEWARE entry fails every queue's chain with the
+    # same message (it names the entry, not the queue): report it once.
+    seen: set[str] = set()
+    for queue, fn in sorted(handlers.registered().items()):
+        try:
+            chain_for(queue, fn)
+        except WorkerConfigError as exc:
+            if str(exc) not in seen:
+                seen.add(str(exc))
+                errors.append(Error(str(exc), hint="fq_worker refuses to start with this.", id="django_fq.E015"))
+        problem = _batch_problem(queue, fn)
+        if problem:
+            errors.append(
+                Error(problem, hint="fq_worker refuses to start with this: make it a plain def.", id="django_fq.E016")
+            )
     return errors
+
+
+def _batch_problem(queue: str, fn: Any) -> str | None:
+    """Why the registered handler of ``queue`` cannot run as its batch handler (``None``: it can, or it is not one)."""
+    if handlers.batch_of(queue) is None:
+        return None
+    from .worker.batch import handler_problem
+
+    return handler_problem(queue, fn)
+
+
+def _enqueue_middleware_problem() -> str | None:
+    """Why ``FQ_ENQUEUE_MIDDLEWARE`` cannot be built, or ``None``."""
+    from .middleware import _build_enqueue_chain
+
+    try:
+        _build_enqueue_chain()
+    except ImproperlyConfigured as exc:
+        return _one_line(exc)
+    return None
 
 
 @register(Tags.database)
@@ -243,4 +314,37 @@ def check_sqlite_wal(app_configs=None, databases=None, **kwargs):
                 id="django_fq.E004",
             )
         ]
+    return []
+
+
+@register(Tags.database)
+def check_database_server(app_configs=None, databases=None, **kwargs):
+    """E030–E032, W030–W032: the server behind ``FQ_DATABASE`` as its store checks it (MariaDB/MySQL today)."""
+    from django.apps import apps
+    from django.db import connections
+
+    alias = conf.database()
+    if not databases or alias not in databases:
+        return []
+    conn = connections[alias]
+    store = storage.find(conn)
+    if store is None:
+        return []
+    tables = [model._meta.db_table for model in apps.get_app_config("django_fq").get_models()]
+    found = store.check_server(conn, tables=tables, max_payload_bytes=conf.max_payload_bytes())
+    return [(Error if f.error else Warning)(f.msg, hint=f.hint, id=f.id) for f in found]
+
+
+@register()
+def check_tracing(app_configs=None, **kwargs):
+    """E040: tracing switched on (``FQ_TRACING = True``) that ``fq_worker`` would refuse to start with."""
+    from . import tracing
+
+    if not tracing.enabled():
+        return []
+    try:
+        tracing.require()
+        tracing.parent_mode()
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), hint="See docs/how-to/tracing.md.", id="django_fq.E040")]
     return []

@@ -10,17 +10,18 @@ an enqueue.
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import time
 
-from django.db import DatabaseError, OperationalError, connections
+from django.db import DatabaseError, OperationalError, connections, transaction
 from django.db.models import BigIntegerField, Func
 
 from . import conf, storage
 from .storage.postgres import PREPARE_THRESHOLD
 from .storage.sqlite import atomic as sqlite_atomic
 
-__all__ = ["PREPARE_THRESHOLD", "is_postgres", "sqlite_atomic"]  # re-exported for existing callers
+__all__ = ["PREPARE_THRESHOLD", "sqlite_atomic"]  # re-exported for existing callers
 
 #: PostgreSQL channel notified (on commit) after every enqueue that created jobs.
 NOTIFY_CHANNEL = "django_fq"
@@ -29,14 +30,6 @@ NOTIFY_CHANNEL = "django_fq"
 def connection():
     """The connection django-fq uses (alias ``FQ_DATABASE``)."""
     return connections[conf.database()]
-
-
-def is_postgres(conn=None) -> bool:
-    """True when ``conn`` (default: django-fq's connection) is PostgreSQL.
-
-    Kept for the services not yet moved into :mod:`django_fq.storage` (issue 13).
-    """
-    return storage.is_postgres(conn or connection())
 
 
 def now_sql(conn=None) -> str:
@@ -82,13 +75,18 @@ def write_atomic():
         yield conn
 
 
+#: Messages of the errors :func:`retrying` retries on PostgreSQL and SQLite (what backup.py still reads);
+#: :func:`retrying` itself asks the store (``Store.is_retryable``), which knows each backend's codes.
 _RETRYABLE = ("deadlock detected", "could not serialize", "database is locked", "database table is locked")
 
 
 def retrying(fn, *args, attempts: int = 8, atomic: bool = True, **kwargs):
     """Run ``fn`` in :func:`write_atomic`, retrying deadlocks and lock timeouts.
 
-    Retries happen only when django-fq owns the transaction; inside a caller's
+    Retryable is what the connection's store says
+    (:meth:`~django_fq.storage.base.Store.is_retryable`: PostgreSQL deadlocks and
+    serialization failures, SQLite "database is locked", MariaDB/MySQL errors
+    1213 and 1205). Retries happen only when django-fq owns the transaction; inside a caller's
     ``atomic`` block the error propagates unchanged (docs/reference/semantics.md §9). Backs off
     5 ms · 2^n with jitter, at most ``attempts`` tries. With ``atomic=False``
     ``fn`` must issue a single statement, which autocommit makes atomic (two
@@ -103,8 +101,7 @@ def retrying(fn, *args, attempts: int = 8, atomic: bool = True, **kwargs):
             with write_atomic():
                 return fn(*args, **kwargs)
         except (OperationalError, DatabaseError) as exc:
-            text = str(exc).lower()
-            if not owned or attempt == attempts - 1 or not any(t in text for t in _RETRYABLE):
+            if not owned or attempt == attempts - 1 or not storage.for_connection(conn).is_retryable(exc):
                 raise
             time.sleep(0.005 * (2**attempt) * (0.5 + random.random()))
     raise AssertionError("unreachable")  # pragma: no cover
@@ -161,5 +158,18 @@ def hot_cursor(conn):
 
 
 def notify(conn, queue_name: str) -> None:
-    """Wake idle workers of ``queue_name``; PostgreSQL only, delivered at commit, dropped on rollback."""
-    storage.for_connection(conn).notify(conn, NOTIFY_CHANNEL, queue_name)
+    """Wake idle workers of ``queue_name`` at commit (nothing on rollback).
+
+    Where the database can notify (PostgreSQL's NOTIFY), every process's
+    listener hears it. Elsewhere only this process's waiters can be woken at
+    once (other processes poll): :func:`django_fq.wakeup.notify_in_process`
+    runs when the transaction commits, or now outside one.
+    """
+    store = storage.for_connection(conn)
+    store.notify(conn, NOTIFY_CHANNEL, queue_name)
+    if not store.supports_listen_notify:
+        from . import wakeup  # wakeup imports this module
+
+        transaction.on_commit(
+            functools.partial(wakeup.notify_in_process, conn.alias, queue_name), using=conn.alias, robust=True
+        )

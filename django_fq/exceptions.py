@@ -27,10 +27,11 @@ class FqError(Exception):
         super().__init__(self.message)
 
     def as_dict(self) -> dict:
-        """The error as ``{"code", "message", "field"?, ...extra}`` for JSON output."""
-        out = {"code": self.code, "message": self.message}
-        if self.field:
-            out["field"] = self.field
+        """The error as ``{"code", "message", "field", ...extra}`` for JSON output (``field`` ``None`` when none is to blame).
+
+        The same keys as the REST API's error bodies (docs/rest-api.md).
+        """
+        out = {"code": self.code, "message": self.message, "field": self.field or None}
         out.update(self.extra)
         return out
 
@@ -186,6 +187,18 @@ class ImportConflict(FqError):
     status = 409
 
 
+class EnqueueRefused(FqError):
+    """An enqueue middleware refused the job; nothing was enqueued.
+
+    Raised by a function of ``FQ_ENQUEUE_MIDDLEWARE``. The REST API answers
+    403 with code ``enqueue_refused``; ``fq enqueue`` exits 1 with it; the
+    message is the middleware's own (keep it free of secrets).
+    """
+
+    code = "enqueue_refused"
+    status = 403
+
+
 class WaitTimeout(FqError):
     """The job did not finish within the wait."""
 
@@ -247,8 +260,81 @@ class LeaseLost(Exception):
 
 
 
+class SoftTimeout(Exception):
+    """The job is about to reach its ``timeout_ms``: tidy up and leave the handler now.
+
+    Raised inside a handler run by ``fq_worker --pool processes``, in the
+    child process's main thread (wherever it is: a sleep, a blocking call
+    that Python can interrupt), ``--soft-timeout-ms`` before the worker
+    kills the child at the job's timeout. Not a :class:`LeaseLost`: the lease
+    is still held, so a handler that lets it out fails the attempt at once
+    (nacked with this error, retried per the queue's policy); a handler that
+    catches it and goes on is killed at the timeout, recorded as a timeout.
+    ``remaining_ms`` is the time left before the kill when it was raised.
+    """
+
+    def __init__(self, remaining_ms: int = 0):
+        self.remaining_ms = remaining_ms
+        super().__init__(f"soft timeout: the job reaches its timeout_ms in {remaining_ms} ms and will be killed then")
+
+
 class PermanentFailure(Exception):
     """Raise from a handler to make the job dead at once, without further attempts.
 
     The exception's text is stored as the job's last error.
     """
+
+
+class BatchFailure(Exception):
+    """Raise from a batch handler to fail some jobs of its batch and ack the others.
+
+    ``errors`` maps a job (its context, or its id) to what went wrong with it:
+    an exception, settled as if a one-job handler had raised it
+    (:class:`PermanentFailure` makes the job dead, :class:`RetryAfter` and
+    :class:`Snooze` keep their meaning, anything else is a failed attempt), or
+    a text stored as the attempt's error. ``results`` optionally maps the
+    other jobs (or ids) to the result their ack stores. Every job the mapping
+    does not name is acked (docs/how-to/batch-handlers.md).
+    """
+
+    def __init__(self, errors, results=None):
+        self.errors = dict(errors)
+        self.results = dict(results or {})
+        super().__init__(f"{len(self.errors)} job(s) of the batch failed")
+
+
+def _delay(value: object) -> int:
+    """``value`` as a delay in ms, 0 – 30 days (the nack bound); ``InvalidDelay`` (field ``delay_ms``) otherwise."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 30 * 24 * 3600 * 1000:
+        raise InvalidDelay("delay_ms must be an integer between 0 and 2592000000 (30 days)", field="delay_ms")
+    return value
+
+
+class Snooze(Exception):
+    """Raise from a handler or a handler middleware to put the job off for ``delay_ms`` (0 – 30 days).
+
+    The worker releases the lease with that delay: the attempt is given back,
+    a history entry of kind ``snoozed`` is written and the job becomes
+    eligible ``delay_ms`` after now (database clock). A bad ``delay_ms``
+    raises :class:`InvalidDelay` here, inside the handler, so it counts as a
+    failed attempt with that message.
+    """
+
+    def __init__(self, delay_ms: int):
+        self.delay_ms = _delay(delay_ms)
+        super().__init__(f"snoozed for {self.delay_ms} ms")
+
+
+class RetryAfter(Exception):
+    """Raise from a handler or a handler middleware to fail this attempt and retry it ``delay_ms`` later.
+
+    A nack with ``delay_ms`` (0 – 30 days) instead of the queue's backoff;
+    ``error`` (text, optional) is stored as the attempt's error. The attempt
+    counts: at ``max_attempts`` the job is dead. A bad ``delay_ms`` raises
+    :class:`InvalidDelay` here (a failed attempt with that message).
+    """
+
+    def __init__(self, delay_ms: int, error: str | None = None):
+        self.delay_ms = _delay(delay_ms)
+        self.error = error
+        super().__init__(error or f"retry after {self.delay_ms} ms")

@@ -10,6 +10,9 @@ installed app, found by :func:`autodiscover`)::
         ...  # job.payload, job.id, job.attempts, job.queue
 
 or with the setting ``FQ_HANDLERS = {"emails": "myapp.jobs.send"}``.
+``@handler("emails", batch=500)`` (or ``{"handler": path, "batch": 500}``)
+makes a batch handler: it receives up to 500 jobs per call
+(docs/how-to/batch-handlers.md, :mod:`django_fq.worker.batch`).
 A handler returning normally acks the job with its return value as result;
 raising nacks it (text and traceback stored); raising
 :class:`~django_fq.exceptions.PermanentFailure` makes it dead at once.
@@ -20,24 +23,58 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from django.conf import settings
 from django.utils.module_loading import import_string, module_has_submodule
 
 from . import validation
-from .exceptions import HandlerImportError
+from .exceptions import HandlerImportError, HandlerLoadError
 
 _registry: dict[str, Callable] = {}
+#: The handler's own middleware per queue (``@handler(q, middleware=...)``, ``FQ_HANDLERS`` entries).
+_middleware: dict[str, tuple] = {}
+#: The batch size of each queue whose handler takes a list of jobs (``@handler(q, batch=N)``).
+_batch: dict[str, int] = {}
+
+#: Most jobs one batch may hold: one claim takes at most this many (docs/reference/semantics.md#s5).
+MAX_BATCH = 1000
 
 
-def handler(queue: str) -> Callable[[Callable], Callable]:
+def check_batch(value: object, where: str) -> int | None:
+    """``value`` as a batch size (``None``: not a batch handler); raises ``ValueError`` naming ``where``.
+
+    A batch size is an ``int`` of 1 - :data:`MAX_BATCH` (1,000): a batch is
+    one claim, and a claim takes at most 1,000 jobs (and at most 32 MiB of
+    payloads, so a batch may come smaller than asked).
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH:
+        raise ValueError(f"{where}: batch must be an integer from 1 to {MAX_BATCH} (jobs per call), not {value!r}")
+    return value
+
+
+def handler(
+    queue: str, *, middleware: Iterable[object] | None = None, batch: int | None = None
+) -> Callable[[Callable], Callable]:
     """Decorator registering the decorated function as the handler of ``queue``.
 
+    ``middleware``: this handler's own handler middleware (callables or
+    dotted paths, outermost first), run inside ``FQ_HANDLER_MIDDLEWARE``
+    (see :mod:`django_fq.middleware`); checked when a worker starts.
+
+    ``batch``: make it a batch handler, called with a list of up to ``batch``
+    jobs (1 - 1,000) instead of one job (docs/how-to/batch-handlers.md).
+
     Raises :class:`InvalidQueueName` for a bad name, ``ValueError`` when the
-    queue already has a different handler.
+    queue already has a different handler or ``batch`` is not 1 - 1,000,
+    ``TypeError`` when ``middleware`` is not a list or tuple.
     """
     validation.queue_name(queue)
+    size = check_batch(batch, f"@handler({queue!r})")
+    if middleware is not None and (isinstance(middleware, (str, bytes)) or not isinstance(middleware, (list, tuple))):
+        raise TypeError("handler middleware must be a list of callables or dotted paths")
 
     def register(fn: Callable) -> Callable:
         current = _registry.get(queue)
@@ -53,6 +90,14 @@ def handler(queue: str) -> Callable[[Callable], Callable]:
                 f"{_qualname(fn)} (one handler per queue){hint}"
             )
         _registry[queue] = fn
+        if size is not None:
+            _batch[queue] = size
+        elif current is None or current is not fn:
+            _batch.pop(queue, None)
+        if middleware:
+            _middleware[queue] = tuple(middleware)
+        elif middleware is not None or current is None:
+            _middleware.pop(queue, None)
         return fn
 
     return register
@@ -75,7 +120,22 @@ def autodiscover() -> None:
             if not module_has_submodule(app.module, "fq_handlers"):
                 continue  # the app has no handler module
             raise HandlerImportError(_location(name, exc)[0], exc, name) from exc
-    for queue, path in getattr(settings, "FQ_HANDLERS", {}).items():
+    for queue, entry in getattr(settings, "FQ_HANDLERS", {}).items():
+        own = None
+        size = None
+        path = entry
+        if isinstance(entry, dict):
+            # {"handler": "dotted.path", "middleware": [...], "batch": N} (docs/how-to/middleware.md,
+            # docs/how-to/batch-handlers.md)
+            path, own = entry.get("handler"), entry.get("middleware")
+            try:
+                size = check_batch(entry.get("batch"), f"FQ_HANDLERS[{queue!r}]")
+            except ValueError as exc:
+                raise HandlerLoadError(f"{exc}") from None
+            if not isinstance(path, str):
+                raise HandlerLoadError(f"FQ_HANDLERS[{queue!r}]: the entry's 'handler' must be a dotted path")
+            if own is not None and not isinstance(own, (list, tuple)):
+                raise HandlerLoadError(f"FQ_HANDLERS[{queue!r}]: the entry's 'middleware' must be a list")
         try:
             fn = import_string(path)
         except Exception as exc:
@@ -85,7 +145,7 @@ def autodiscover() -> None:
             if inside:  # the error is inside that module: say where
                 where = f"{where} ({located})"
             raise HandlerImportError(where, exc, module) from exc
-        handler(queue)(fn)
+        handler(queue, middleware=list(own) if own else None, batch=size)(fn)
 
 
 def _location(module: str, exc: BaseException) -> tuple[str, bool]:
@@ -115,6 +175,16 @@ def _location(module: str, exc: BaseException) -> tuple[str, bool]:
 def get(queue: str) -> Callable | None:
     """The handler of ``queue``, or ``None``."""
     return _registry.get(queue)
+
+
+def middleware_of(queue: str) -> tuple:
+    """The registered handler of ``queue``'s own middleware (``()`` when none)."""
+    return _middleware.get(queue, ())
+
+
+def batch_of(queue: str) -> int | None:
+    """The batch size registered with the handler of ``queue`` (``None``: it takes one job per call)."""
+    return _batch.get(queue)
 
 
 def registered() -> dict[str, Callable]:

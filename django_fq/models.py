@@ -22,6 +22,9 @@ from django.db import models
 from django.db.models import Q
 
 from . import validation
+from .types import QueuePolicy
+
+_DEFAULT = QueuePolicy()
 
 
 class Stored(models.TextChoices):
@@ -68,13 +71,14 @@ class Queue(models.Model):
     """A named queue and its policy (docs/reference/semantics.md §2). Its counters live in :class:`QueueCounter` rows."""
 
     name = models.CharField(max_length=200, unique=True)
-    concurrency = models.IntegerField(default=0)
-    max_attempts = models.IntegerField(default=25)
-    backoff_ms = models.BigIntegerField(default=1000)
-    max_backoff_ms = models.BigIntegerField(default=3_600_000)
-    visibility_ms = models.BigIntegerField(default=30_000)
-    idempotency_retention_ms = models.BigIntegerField(default=300_000)
-    timeout_ms = models.BigIntegerField(default=0, db_default=0)
+    # The policy's defaults are QueuePolicy's (types.py): one copy.
+    concurrency = models.IntegerField(default=_DEFAULT.concurrency)
+    max_attempts = models.IntegerField(default=_DEFAULT.max_attempts)
+    backoff_ms = models.BigIntegerField(default=_DEFAULT.backoff_ms)
+    max_backoff_ms = models.BigIntegerField(default=_DEFAULT.max_backoff_ms)
+    visibility_ms = models.BigIntegerField(default=_DEFAULT.visibility_ms)
+    idempotency_retention_ms = models.BigIntegerField(default=_DEFAULT.idempotency_retention_ms)
+    timeout_ms = models.BigIntegerField(default=_DEFAULT.timeout_ms, db_default=_DEFAULT.timeout_ms)
     created_at = models.BigIntegerField(help_text="epoch ms, database clock")
 
     class Meta:
@@ -124,6 +128,18 @@ class Job(models.Model):
     unique_key = models.CharField(max_length=255, null=True, blank=True)
     idempotency = models.CharField(max_length=255, null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True, default="")
+    # Metadata: a small JSON object set at enqueue (compact JSON text, like the
+    # payload), read by handlers and middleware, shown in get/admin/REST
+    # (docs/how-to/middleware.md). ``tags`` repeats its "tags" list as
+    # "|a|b|" so a listing can filter by tag with a plain LIKE on every database.
+    metadata = models.TextField(null=True, blank=True)
+    tags = models.CharField(max_length=1100, null=True, blank=True)
+    # Progress a running handler reports (a number and a short message), written
+    # at most once a second per job (docs/how-to/progress.md); ``progress_at`` is
+    # the database clock's epoch ms of the last write.
+    progress = models.FloatField(null=True, blank=True)
+    progress_message = models.CharField(max_length=200, blank=True, default="", db_default="")
+    progress_at = models.BigIntegerField(null=True, blank=True)
     # The last settle (ack/nack/release/cancel/expire) of a lease, so that a
     # repeat of the same call is answered as a replay (docs/reference/semantics.md §9).
     settled_hash = models.CharField(max_length=64, null=True, blank=True)
@@ -160,15 +176,54 @@ class Job(models.Model):
     def __str__(self) -> str:
         return self.uid
 
+    #: Django's warnings that a database drops an index's or a unique constraint's condition.
+    #: Where it does (MariaDB/MySQL), migration 0003 builds what the conditions stand for: a
+    #: generated active-key column under a unique index, and plain claim and prune indexes
+    #: (docs/explanation/storage.md), so these warnings would only teach users to silence them
+    #: for every model, their own included.
+    DROPPED_CONDITION_WARNINGS = frozenset({"models.W036", "models.W037"})
+
+    @classmethod
+    def check(cls, **kwargs):
+        """Django's model checks, less :data:`DROPPED_CONDITION_WARNINGS` (handled by migration 0003)."""
+        return [e for e in super().check(**kwargs) if e.id not in cls.DROPPED_CONDITION_WARNINGS]
+
     @property
     def payload_value(self):
-        """The payload decoded from its stored JSON text (a stand-in when it nests too deep to show)."""
-        return validation.stored_json(self.payload, "payload")
+        """The payload decoded from its stored JSON text (a stand-in when it nests too deep to show).
+
+        An offloaded payload (docs/explanation/storage.md#large-payloads) is read from
+        :class:`JobPayload` first: one more query, only for such a job.
+        """
+        from . import payloads
+
+        return validation.stored_json(payloads.text_of(self.uid, self.payload), "payload")
 
     @property
     def result_value(self):
         """The result decoded from its stored JSON text (``None`` if unset; a stand-in when too deep)."""
         return validation.stored_json(self.result, "result")
+
+
+class JobPayload(models.Model):
+    """The body of a job payload larger than ``FQ_PAYLOAD_OFFLOAD_BYTES``, kept out of the hot job row.
+
+    The job's ``payload`` column then holds ``""`` (no JSON text is empty) and
+    ``payload_size`` the body's size, so claims still count it against their
+    32 MiB. Written in the job's insert transaction and deleted with the job;
+    keyed by the job's public id, known before the job row is written
+    (docs/explanation/storage.md#large-payloads). No database foreign key, as
+    for ``Job.queue``: the stores delete bodies with their jobs.
+    """
+
+    job_uid = models.CharField(max_length=32, primary_key=True)
+    body = models.TextField()
+
+    class Meta:
+        db_table = "django_fq_payload"
+
+    def __str__(self) -> str:
+        return f"payload of job {self.job_uid}"
 
 
 class Lease(models.Model):

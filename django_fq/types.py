@@ -90,6 +90,7 @@ class ClaimedJob:
 
     ``receipt`` is the capability that settles this lease (ack/nack/release/
     extend). It is left out of ``repr`` so it never lands in logs.
+    ``metadata`` is the job's metadata (a dict), ``None`` when it has none.
     """
 
     id: str
@@ -102,6 +103,7 @@ class ClaimedJob:
     priority: int
     enqueued_at: int
     claimed_at: int
+    metadata: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,12 @@ class JobInfo:
 
     Never carries a receipt. ``lease_deadline`` is set while the job runs.
     ``errors`` is the history of failed attempts, newest last, each entry
-    ``{"at", "attempt", "kind", "error", "worker"}``.
+    ``{"at", "attempt", "kind", "error", "worker"}``. ``metadata`` is the
+    job's metadata (``{}`` when none), ``tags`` its ``"tags"`` list.
+    ``progress`` (a percentage, 0–100), ``progress_message`` and
+    ``progress_at`` (epoch ms, database clock) are the last progress report
+    of the job's current or latest run (``None``, ``""``, ``None`` before its
+    first report; a new attempt starts with none; docs/how-to/progress.md).
     """
 
     id: str
@@ -149,6 +156,11 @@ class JobInfo:
     payload: Any = None
     result: Any = None
     errors: list = field(default_factory=list)
+    metadata: dict = field(default_factory=dict)
+    tags: list = field(default_factory=list)
+    progress: float | None = None
+    progress_message: str = ""
+    progress_at: int | None = None
 
 
 @dataclass(frozen=True)

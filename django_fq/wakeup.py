@@ -14,8 +14,12 @@ by the setting ``FQ_LISTEN_DATABASE`` (default: django-fq's own alias,
 keep a LISTEN (the notifications themselves are sent by the enqueue's own
 transaction and pass through any pooler).
 
-On SQLite there is nothing to listen to: :meth:`Listener.wait` just sleeps
-for the poll interval, and callers poll.
+On SQLite and MariaDB/MySQL there is nothing to listen to: callers poll.
+An enqueue (or a retry, a release) committed by *this* process still wakes
+its waiters at once: :func:`django_fq.db.notify` registers
+:func:`notify_in_process` to run at commit (never after a rollback), and
+:meth:`Listener.wait` waits on the same condition the listening thread would
+wake.
 
 Usage, free of lost wakeups::
 
@@ -37,7 +41,6 @@ import threading
 import time
 
 from django.conf import settings
-from django.db import connections
 
 from . import conf, db, storage
 
@@ -55,6 +58,19 @@ def listener() -> Listener:
         if found is None or not found.alive():
             found = _listeners[alias] = Listener(alias)
         return found
+
+
+def notify_in_process(alias: str, queue: str) -> None:
+    """Wake this process's waiters on ``queue`` (a queue name) of database alias ``alias``.
+
+    Called at commit of a transaction that made jobs of ``queue`` ready where
+    the database cannot notify (no LISTEN/NOTIFY). Starts no listener: when
+    none exists for ``alias``, nothing in this process waits on it.
+    """
+    with _lock:
+        found = _listeners.get(alias)
+    if found is not None and found.alive():
+        found.notify_local(queue)
 
 
 def shutdown_all(timeout: float = 3.0) -> None:
@@ -107,10 +123,11 @@ class Listener:
             return self._epoch, self._total, dict(self._seen)
 
     def wait(self, mark: tuple, queues: set[str] | None, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for a notification on ``queues`` newer than ``mark``."""
-        if self._thread is None:
-            time.sleep(max(0.0, timeout))
-            return False
+        """Wait up to ``timeout`` seconds for a notification on ``queues`` newer than ``mark``.
+
+        Without a listening thread only this process's notifications
+        (:func:`notify_in_process`) end the wait early.
+        """
         give_up = time.monotonic() + timeout
         with self._cond:
             while True:
@@ -123,7 +140,7 @@ class Listener:
 
     @property
     def active(self) -> bool:
-        """True when this listener delivers notifications (PostgreSQL); False where callers must poll."""
+        """True when this listener delivers other processes' notifications (LISTEN); False where callers must poll."""
         return self._thread is not None
 
     def subscribe(self, callback) -> None:
@@ -166,23 +183,19 @@ class Listener:
         return any(self._seen.get(q, 0) != seen.get(q, 0) for q in queues)
 
     def _run(self) -> None:
-        import psycopg
-
         pause = 0.1
+        store = storage.get(self.listen_alias)
+
+        def on_listening() -> None:
+            nonlocal pause
+            pause = 0.1
+            self.listening = True
+            # Anything enqueued while we were not listening: wake everyone once.
+            self._wake_all()
+
         while not self._stop.is_set():
             try:
-                params = connections[self.listen_alias].get_connection_params()
-                params.pop("cursor_factory", None)
-                params.pop("context", None)
-                with psycopg.connect(**params, autocommit=True) as pg:
-                    pg.execute(f"LISTEN {db.NOTIFY_CHANNEL}")
-                    self.listening = True
-                    pause = 0.1
-                    # Anything enqueued while we were not listening: wake everyone once.
-                    self._wake_all()
-                    while not self._stop.is_set():
-                        for note in pg.notifies(timeout=1.0):
-                            self.notify_local(note.payload)
+                store.listen(db.NOTIFY_CHANNEL, stop=self._stop, on_listening=on_listening, on_note=self.notify_local)
             except Exception as exc:  # noqa: BLE001 - any failure: log, back off, reconnect
                 self.listening = False
                 if self._stop.is_set():

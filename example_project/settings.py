@@ -8,7 +8,9 @@ with no configuration at all:
     Any SQLite URL gets the options django-fq needs on SQLite (WAL journal,
     ``IMMEDIATE`` transactions, a 20 s busy timeout), so several worker
     processes can share the file safely. A PostgreSQL URL
-    (``postgres://user@host:5432/name``) is used as given.
+    (``postgres://user@host:5432/name``) is used as given. A MariaDB/MySQL
+    URL (``mysql://root@127.0.0.1:3306/fqdemo``) gets a ``utf8mb4``
+    connection, unless its own options say otherwise.
 ``SECRET_KEY``
     A fixed, clearly insecure demo key unless set.
 ``DEBUG``
@@ -91,9 +93,15 @@ SQLITE_OPTIONS = {
 DATABASES = {
     "default": env.db_url("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'db.sqlite3'}"),
 }
+#: MariaDB/MySQL: Django's driver connects with the 3-byte ``utf8`` unless told, which
+#: rejects emoji and other 4-byte characters in payloads, tokens and keys.
+MYSQL_OPTIONS = {"charset": "utf8mb4"}
+
 for _db in DATABASES.values():
     if _db.get("ENGINE") == "django.db.backends.sqlite3":
         _db["OPTIONS"] = {**SQLITE_OPTIONS, **_db.get("OPTIONS", {})}
+    elif _db.get("ENGINE") == "django.db.backends.mysql":
+        _db["OPTIONS"] = {**MYSQL_OPTIONS, **_db.get("OPTIONS", {})}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -116,6 +116,9 @@ note "emails written to var/emails: $(count_emails) (still $N_EMAILS)"
 step "The admin: a demo superuser admin / admin (for this local demo only)"
 show "DJANGO_SUPERUSER_PASSWORD=admin python manage.py createsuperuser --noinput --username admin --email admin@example.com"
 DJANGO_SUPERUSER_PASSWORD=admin "$PY" manage.py createsuperuser --noinput --username admin --email admin@example.com || true
-note "Run: DEBUG=1 $PY manage.py runserver, open http://127.0.0.1:8000/admin/ and log in as admin / admin (Job queues > Queue dashboard)"
+# The settings read DATABASE_URL: without it runserver would open the SQLite file, not the demo's database.
+url_prefix=""
+if [ -n "${DATABASE_URL:-}" ]; then url_prefix="DATABASE_URL=$(quoted "$DATABASE_URL") "; fi
+note "Run: ${url_prefix}DEBUG=1 $PY manage.py runserver, open http://127.0.0.1:8000/admin/ and log in as admin / admin (Job queues > Queue dashboard)"
 
 printf '\n%sDone.%s Look around: var/emails/ (the sent mails), python manage.py fq --help, docs/quickstart.md\n' "$B" "$R"

@@ -8,7 +8,8 @@
 #    temporary directory (nothing is left in the repository);
 # 2. `twine check --strict` on both (metadata, README rendering);
 # 3. the wheel holds the migrations, templates, static files, management
-#    commands and py.typed, and its version is django_fq.__version__;
+#    commands and py.typed, its version is django_fq.__version__, and it
+#    registers the pytest plugin (entry point pytest11 django_fq);
 # 4. a fresh venv (SMOKE_PYTHON_VERSION, default 3.11: the oldest supported)
 #    installs the wheel alone, with its runtime dependencies and nothing from
 #    the dev extras. From a temporary directory, so the repository is not on
@@ -82,6 +83,10 @@ meta = zipfile.ZipFile(wheel).read(f"django_fq-{version}.dist-info/METADATA").de
 for needle in ("License-Expression: BSD-3-Clause", "Classifier: Typing :: Typed", "Requires-Python: >=3.11"):
     if needle not in meta:
         problems.append(f"METADATA lacks {needle!r}")
+# The pytest plugin (docs/how-to/testing.md) is registered for pytest11.
+entry_points = zipfile.ZipFile(wheel).read(f"django_fq-{version}.dist-info/entry_points.txt").decode()
+if "[pytest11]" not in entry_points or "django_fq = django_fq.testing.pytest_plugin" not in entry_points:
+    problems.append("entry_points.txt lacks the pytest11 entry point django_fq = django_fq.testing.pytest_plugin")
 members = tarfile.open(sdist).getnames()
 for required in ("LICENSE", "README.md", "CHANGELOG.md", "pyproject.toml"):
     if f"django_fq-{version}/{required}" not in members:

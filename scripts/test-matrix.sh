@@ -7,6 +7,8 @@
 #
 # Legs: dj52-sqlite, dj52-postgres (Django 5.2 LTS, Python 3.11, .venv-dj52)
 #       dj6-sqlite,  dj6-postgres  (Django 6.x,    Python 3.12, .venv-dj6)
+#       dj52-mariadb, dj6-mariadb  (MariaDB on 127.0.0.1:3306, user root; mysqlclient is
+#                                   installed into the leg's venv when missing)
 #       dj60-sqlite                (Django 6.0,    Python 3.13, .venv-dj60): the oldest
 #                                   Django 6 and the newest Python the classifiers name
 # Every leg runs even when an earlier one failed; the exit status is non-zero
@@ -16,12 +18,12 @@
 # FQ_SUMMARY_FILE=path appends "passed failed skipped" for the run to that file, and
 # FQ_FAILED_FILE=path one "LEG NODE-ID" line per failing test. The summary names each
 # failing test (from the JUnit XML of each leg), not only the leg.
-# PostgreSQL legs use their own test database per leg (test_fq_<leg>), so they
-# never clash with a developer's run on the default test_fq.
+# PostgreSQL and MariaDB legs use their own test database per leg (test_fq_<leg>), so
+# they never clash with a developer's run on the default test_fq.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-ALL_LEGS=(dj52-sqlite dj52-postgres dj6-sqlite dj6-postgres dj60-sqlite)
+ALL_LEGS=(dj52-sqlite dj52-postgres dj52-mariadb dj6-sqlite dj6-postgres dj6-mariadb dj60-sqlite)
 legs=("$@")
 [ ${#legs[@]} -eq 0 ] && legs=("${ALL_LEGS[@]}")
 markers="${FQ_MARKERS-not slow}"
@@ -41,7 +43,16 @@ ensure_venv() {  # ensure_venv LEG -> sets $venv; creates/updates each venv once
     if [ -z "${venv_ok[$venv]:-}" ]; then
         if scripts/venv.sh "$venv" "$pyver" "$req"; then venv_ok[$venv]=yes; else venv_ok[$venv]=no; fi
     fi
-    [ "${venv_ok[$venv]}" = yes ]
+    [ "${venv_ok[$venv]}" = yes ] || return 1
+    # The server legs need the mysqlclient driver (the "mysql" extra), which compiles against
+    # libmariadb-dev with pkg-config (.ci/run installs both): the MariaDB legs to run at all,
+    # the PostgreSQL legs because tests/backup/test_cross_db.py drives a MariaDB child from
+    # them. The SQLite legs do without it.
+    case "$1" in
+        *-mariadb|*-postgres)
+            "$venv/bin/python" -c "import MySQLdb" >/dev/null 2>&1 ||
+                "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "mysqlclient>=2.2" ;;
+    esac
 }
 
 for leg in "${legs[@]}"; do
@@ -64,7 +75,11 @@ for leg in "${legs[@]}"; do
     xdist=()
     [ "$workers" != 0 ] && xdist=(-n "$workers")
     # shellcheck disable=SC2086  # PYTEST_ARGS is a word list on purpose
-    FQ_TEST_DB="$db" FQ_TEST_PG_TEST_NAME="test_fq_${leg//-/_}" \
+    # Tests marked one_django (heavy worker-process tests whose subject does not depend on
+    # Django's version) run once per database: on its dj6 leg; the other legs skip them and say where.
+    one_django_on=""
+    [[ "$leg" != dj6-* ]] && one_django_on="dj6-$db"
+    FQ_TEST_ONE_DJANGO_ON="$one_django_on" FQ_TEST_DB="$db" FQ_TEST_PG_TEST_NAME="test_fq_${leg//-/_}" \
         "$venv/bin/python" -m pytest -p no:cacheprovider -q ${markers:+-m "$markers"} "${xdist[@]}" \
         --durations=$durations --junitxml="$reports/$leg.xml" ${PYTEST_ARGS:-}
     rc=$?

@@ -1,6 +1,7 @@
-"""Test settings. ``FQ_TEST_DB=sqlite`` (default) or ``postgres`` picks the database.
+"""Test settings. ``FQ_TEST_DB=sqlite`` (default), ``postgres`` or ``mariadb`` picks the database.
 
 PostgreSQL: 127.0.0.1:5432, user ``postgres`` (override with ``FQ_TEST_PG_*``).
+MariaDB/MySQL: 127.0.0.1:3306, user ``root`` without a password (``FQ_TEST_MYSQL_*``).
 SQLite: a file database in WAL mode (several processes must share it in the
 concurrency tests; ``:memory:`` cannot).
 """
@@ -34,6 +35,26 @@ if DB == "postgres":
             "HOST": os.environ.get("FQ_TEST_PG_HOST", "127.0.0.1"),
             "PORT": os.environ.get("FQ_TEST_PG_PORT", "5432"),
             "TEST": {"NAME": os.environ.get("FQ_TEST_PG_TEST_NAME", "test_fq")},
+        }
+    }
+elif DB == "mariadb":
+    # MariaDB 10.6+ / MySQL 8.0+ through mysqlclient: 127.0.0.1:3306, user root without a password
+    # (override with FQ_TEST_MYSQL_*). Django's default isolation on this backend is READ COMMITTED;
+    # FQ_TEST_MYSQL_ISOLATION="repeatable read" runs the suite under InnoDB's own default.
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": os.environ.get("FQ_TEST_MYSQL_NAME", "fq"),
+            "USER": os.environ.get("FQ_TEST_MYSQL_USER", "root"),
+            "PASSWORD": os.environ.get("FQ_TEST_MYSQL_PASSWORD", ""),
+            "HOST": os.environ.get("FQ_TEST_MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("FQ_TEST_MYSQL_PORT", "3306"),
+            "OPTIONS": {
+                "charset": "utf8mb4",
+                "isolation_level": os.environ.get("FQ_TEST_MYSQL_ISOLATION", "read committed"),
+            },
+            # The test database name follows FQ_TEST_PG_TEST_NAME, so each leg (and worktree) has its own.
+            "TEST": {"NAME": os.environ.get("FQ_TEST_PG_TEST_NAME", "test_fq"), "CHARSET": "utf8mb4"},
         }
     }
 else:

@@ -1,7 +1,8 @@
 """The benchmark suite (``bench/``) still runs and still reports every number.
 
 The slow test runs ``bench/run.py --quick`` end to end on the leg's database
-(SQLite, or PostgreSQL when ``FQ_TEST_DB=postgres``, in a database of its own)
+(SQLite, or PostgreSQL / MariaDB when ``FQ_TEST_DB=postgres`` / ``mariadb``, in
+databases of its own, dropped afterwards)
 and checks the JSON: every metric present with a value, every drain complete,
 the query plans captured. It makes no assertion about speed.
 
@@ -129,7 +130,8 @@ def test_missing_anchors_harness_fails_clearly(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_quick_run_reports_every_metric(tmp_path):
-    db = "postgres" if os.environ.get("FQ_TEST_DB") == "postgres" else "sqlite"
+    leg = os.environ.get("FQ_TEST_DB")
+    db = leg if leg in ("postgres", "mariadb") else "sqlite"
     pg_name = f"fq_bench_smoke_{os.getpid()}"
     cmd = [sys.executable, "bench/run.py", "--quick", "--db", db, "--out", str(tmp_path), "--pg-name", pg_name]
     try:
@@ -137,6 +139,8 @@ def test_quick_run_reports_every_metric(tmp_path):
     finally:
         if db == "postgres":
             bench_suite.drop_pg_databases(pg_name)
+        elif db == "mariadb":
+            bench_suite.drop_mysql_databases(pg_name)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
     data = json.loads((tmp_path / "results.json").read_text())
@@ -157,6 +161,8 @@ def test_quick_run_reports_every_metric(tmp_path):
     assert [r["workers"] for r in drains] == [1, 2]
     latency = [r for r in runs if r["metric"] == "latency" and r["variant"] == "default"]
     assert len(latency) == 1 and latency[0]["k"] == len(latency[0]["samples_s"]) >= 20
+    if db != "postgres":  # no cross-process wakeup: measured with a 10 ms poll interval too
+        assert summary["latency_poll10_median_ms"]["n"] == 1
     claims = {r["scenario"]: r for r in runs if r["metric"] == "claim"}
     assert claims["ready_large"]["ready"] == 100_000 and claims["finished_large"]["finished"] == 100_000
 

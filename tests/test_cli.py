@@ -760,6 +760,30 @@ def test_requeue_makes_a_scheduled_job_ready():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_database_error_as_json_has_the_documented_keys():
+    """docs/reference/cli.md: with --json an error is the error's object, {"code", "message", "field"}.
+
+    Found by trying the product as a new user: before ``migrate``, ``fq enqueue x '{}' --json``
+    printed ``{"code": "error", "message": "database error: ..."}``, with no ``field``, while
+    every other error object (the CLI's and the REST API's) carries it, ``null`` when no field
+    is to blame.
+    """
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("ALTER TABLE django_fq_queue RENAME TO django_fq_queue_away")
+    try:
+        run = fq("enqueue", "q", "{}", "--json")
+        assert run.code == 1
+        error = run.err_json
+        assert "migrate" in error["message"]
+        assert set(error) == {"code", "message", "field"}
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("ALTER TABLE django_fq_queue_away RENAME TO django_fq_queue")
+
+
+@pytest.mark.django_db(transaction=True)
 def test_missing_tables_give_a_one_line_error_with_a_hint():
     from django.db import connection
 

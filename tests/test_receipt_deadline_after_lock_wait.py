@@ -8,6 +8,10 @@ another transaction holds that lock and then rolls back (so the row is
 unchanged and PostgreSQL does not re-check it), the waiting call goes on with
 a liveness verdict from before its wait: an ack arriving before the deadline
 but granted the lock after it still succeeds.
+
+It runs on every database with row locks (MariaDB/MySQL: the lease is locked,
+then judged by a second read), with the holder, the waiting ack and the
+probe each on a connection of its own.
 """
 
 from __future__ import annotations
@@ -15,66 +19,52 @@ from __future__ import annotations
 import threading
 import time
 
-import psycopg
 import pytest
-from django.db import connection, connections
+from django.db import connections, transaction
 
+from django_fq import db
 from django_fq import services as fq
 from django_fq.exceptions import InvalidReceipt
+from tests.adversarial.helpers import Background, wait_for_lock_waiter
 
-pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.row_locks, pytest.mark.django_db(transaction=True)]
 
 QUEUE = "docs-found:late-ack"
-NOW_MS = "SELECT FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint"
-
-
-def _connect():
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    return psycopg.connect(**params)
+LOCK_LEASE = "SELECT 1 FROM django_fq_lease WHERE job_id = (SELECT seq FROM django_fq_job WHERE uid = %s) FOR UPDATE"
 
 
 def test_ack_granted_the_lease_lock_after_the_deadline_is_refused():
     fq.enqueue(QUEUE, {"n": 1})
     job = fq.claim(QUEUE, visibility_ms=200)[0]
+    locked, release = threading.Event(), threading.Event()
 
-    holder = _connect()  # holds the lease row lock, then rolls back (changes nothing)
-    probe = _connect()
-    probe.autocommit = True
-    outcome = {}
+    def hold_then_roll_back():
+        # Holds the lease row lock, then rolls back: the row is unchanged.
+        with transaction.atomic():
+            with connections["default"].cursor() as cur:
+                cur.execute(LOCK_LEASE, [job.id])
+                assert [tuple(r) for r in cur.fetchall()] == [(1,)]
+            locked.set()
+            assert release.wait(30)
+            transaction.set_rollback(True)
 
-    def late_ack():
-        try:
-            outcome["value"] = fq.ack(QUEUE, job.receipt)
-        except Exception as exc:  # handed to the test thread
-            outcome["error"] = exc
-        finally:
-            connections.close_all()
-
+    holder = Background(hold_then_roll_back, "late-ack-holder").start()
+    side = None
     try:
-        holder.execute(
-            "SELECT 1 FROM django_fq_lease l JOIN django_fq_job j ON j.seq = l.job_id WHERE j.uid = %s FOR UPDATE OF l",
-            [job.id],
-        )
-        side = threading.Thread(target=late_ack, daemon=True)
-        side.start()
+        assert locked.wait(10), holder.error
+        side = Background(lambda: fq.ack(QUEUE, job.receipt), "late-ack").start()
         # The ack is now blocked on the lock; keep it there until the deadline has passed.
-        give_up = time.monotonic() + 10
-        while probe.execute(
-            "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
-        ).fetchone()[0] < 1:
-            assert time.monotonic() < give_up, "the ack never waited for the lease lock"
+        wait_for_lock_waiter(thread=side)
+        assert side.thread.is_alive(), f"the ack never waited for the lease lock: {side.value!r} {side.error!r}"
+        while db.db_now_ms() <= job.deadline:
             time.sleep(0.01)
-        while probe.execute(NOW_MS).fetchone()[0] <= job.deadline:
-            time.sleep(0.01)
-        holder.rollback()
-        side.join(30)
-        assert not side.is_alive()
     finally:
-        holder.close()
-        probe.close()
+        release.set()
+        holder.join()
+        if side is not None:
+            side.join()
+    assert holder.error is None, holder.error
 
     # The lease was no longer valid when the ack was allowed to act on it.
-    assert isinstance(outcome.get("error"), InvalidReceipt), outcome
+    assert isinstance(side.error, InvalidReceipt), (side.value, side.error)
     assert fq.get(QUEUE, job.id).state != "succeeded"

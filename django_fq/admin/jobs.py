@@ -22,7 +22,7 @@ from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from .. import conf, db
+from .. import conf, db, storage, validation
 from .. import services as fq
 from ..exceptions import FqError
 from ..models import Job, Lease
@@ -73,14 +73,59 @@ class StateFilter(admin.SimpleListFilter):
         return queryset
 
 
+class TagFilter(admin.SimpleListFilter):
+    """Filter by a tag of the jobs' metadata (``?tag=``): the tags of the newest tagged jobs, and the one asked for.
+
+    The condition is the services' (``Store.filter_tag``: an escaped LIKE on
+    the tags column, case-sensitive); a value that is not a valid tag filters
+    nothing in and is not offered.
+    """
+
+    title = "tag"
+    parameter_name = "tag"
+    #: Newest tagged jobs whose tags are offered as choices.
+    SAMPLE = 200
+
+    def lookups(self, request, model_admin):
+        tags: dict[str, None] = {}
+        current = self.value()
+        if current and validation.TAG.fullmatch(current):
+            tags[current] = None
+        rows = (
+            Job.objects.using(conf.database())
+            .filter(tags__isnull=False)
+            .order_by("-seq")
+            .values_list("tags", flat=True)[: self.SAMPLE]
+        )
+        for text in rows:
+            for tag in (text or "").strip("|").split("|"):
+                if tag:
+                    tags.setdefault(tag, None)
+        return [(t, t) for t in sorted(tags)[:100]]
+
+    def has_output(self) -> bool:
+        return True  # applied even with nothing to offer: a bad ?tag= must filter everything out
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if not value:
+            return queryset
+        if not validation.TAG.fullmatch(value):
+            return queryset.none()
+        return storage.for_connection(db.connection()).filter_tag(queryset, value)
+
+
 class JobAdmin(display.FqModelAdmin):
     """Jobs: list filtered by queue and state, exact search, read-only detail, repair actions."""
 
     class Media:
         css = {"all": ("django_fq/admin.css",)}
 
-    list_display = ("uid", "queue", "state_badge", "priority", "attempts_of", "enqueued", "runs_at", "worker", "error_head")
-    list_filter = (("queue", display.QueueFilter), StateFilter)
+    list_display = (
+        "uid", "queue", "state_badge", "priority", "attempts_of", "enqueued", "runs_at", "worker", "tag_list",
+        "progress_bar", "error_head",
+    )  # fmt: skip
+    list_filter = (("queue", display.QueueFilter), StateFilter, TagFilter)
     list_select_related = ("queue",)
     search_fields = ("uid", "idempotency", "unique_key")
     exact_search = ("uid", "idempotency", "unique_key")
@@ -92,6 +137,7 @@ class JobAdmin(display.FqModelAdmin):
         "queue__id": display.EXACT_OR_IN,
         "queue__name": display.EXACT_OR_IN,
         "state": display.EXACT,
+        "tag": display.EXACT,  # TagFilter's own parameter (an escaped LIKE on the tags column)
         "uid": display.EXACT_OR_IN,
         "worker": display.EXACT,
         "unique_key": display.EXACT,
@@ -106,6 +152,8 @@ class JobAdmin(display.FqModelAdmin):
         (None, {"fields": ("queue", "state_badge", "priority", "attempts_of", "timeout", "unique_key", "idempotency")}),
         ("Times (database clock, UTC)", {"fields": ("enqueued_at_at", "run_at_at", "claimed_at_at", "changed_at_at", "finished_at_at")}),
         ("Lease", {"fields": ("lease_deadline", "lease_worker", "lease_generation")}),
+        ("Metadata", {"fields": ("tag_list", "metadata_pretty")}),
+        ("Progress", {"fields": ("progress_full", "progress_at_at")}),
         ("Payload", {"fields": ("payload_pretty",)}),
         ("Result", {"fields": ("result_pretty",)}),
         ("Errors", {"fields": ("last_error_text", "error_history")}),
@@ -161,7 +209,20 @@ class JobAdmin(display.FqModelAdmin):
         text = (text or "").splitlines()[0] if text else ""
         return text[:100] + ("…" if len(text) > 100 else "") if text else ""
 
+    @admin.display(description="progress")
+    def progress_bar(self, obj):
+        """The last progress report (running jobs: how far they are; finished ones: how far they got)."""
+        return _progress_html(obj, width=40)
+
     # --- detail fields ------------------------------------------------------------------
+
+    @admin.display(description="last report")
+    def progress_full(self, obj):
+        return _progress_html(obj, width=200) if obj.progress is not None else "none"
+
+    @admin.display(description="reported at")
+    def progress_at_at(self, obj):
+        return display.instant_html(obj.progress_at)
 
     @admin.display(description="timeout")
     def timeout(self, obj):
@@ -217,6 +278,19 @@ class JobAdmin(display.FqModelAdmin):
     @admin.display(description="payload")
     def payload_pretty(self, obj):
         return display.json_block(obj.payload_value)
+
+    @admin.display(description="tags")
+    def tag_list(self, obj):
+        if not obj.tags:
+            return display.EMPTY
+        tags = [t for t in obj.tags.strip("|").split("|") if t]
+        return format_html_join(" ", '<span class="fq-tag">{}</span>', ((t,) for t in tags))
+
+    @admin.display(description="metadata")
+    def metadata_pretty(self, obj):
+        if obj.metadata is None:
+            return display.EMPTY
+        return display.json_block(validation.stored_json(obj.metadata, "metadata"))
 
     @admin.display(description="result")
     def result_pretty(self, obj):
@@ -367,6 +441,21 @@ def _history_table(entries: list[dict]):
         '<table class="fq-history"><thead><tr><th>at (UTC)</th><th>attempt</th><th>kind</th>'
         "<th>worker</th><th>error</th></tr></thead><tbody>{}</tbody></table>",
         rows,
+    )
+
+
+def _progress_html(job: Job, *, width: int) -> str:
+    """A ``<progress>`` bar, the percentage and the message (cut to ``width`` characters), escaped; ``""`` if none."""
+    if job.progress is None:
+        return ""
+    text = job.progress_message or ""
+    text = text[:width] + ("…" if len(text) > width else "")
+    return format_html(
+        '<span class="fq-nowrap"><progress max="100" value="{}">{}%</progress> {}%</span> {}',
+        f"{job.progress:g}",
+        f"{job.progress:g}",
+        f"{job.progress:g}",
+        text,
     )
 
 

@@ -30,41 +30,30 @@ from rest_framework import exceptions as drf
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
+from .. import storage
 from ..exceptions import FqError
 
 #: Seconds a client is told to wait (``Retry-After``) when the database is unavailable.
 RETRY_AFTER_S = 1
-#: SQLSTATE classes of PostgreSQL that mean "no usable connection now": 08 connection
-#: exception, 53 insufficient resources (53300 too many connections), 57P admin/crash
-#: shutdown and "cannot connect now" (a server starting up).
-_UNAVAILABLE_SQLSTATES = ("08", "53", "57P")
-#: SQLite primary result codes of the same kind: BUSY, LOCKED, IOERR, CANTOPEN.
-_UNAVAILABLE_SQLITE_CODES = frozenset({5, 6, 10, 14})
 
 
 def database_unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` says the database cannot serve now (try later), not that the request or code is wrong.
 
     True for :class:`~django.db.InterfaceError` (a closed or broken
-    connection); for :class:`~django.db.OperationalError` raised by
-    PostgreSQL with an SQLSTATE of :data:`_UNAVAILABLE_SQLSTATES` or none at
-    all (libpq's own failures: connection refused, timeout, server closed the
-    connection), and by SQLite with a code of :data:`_UNAVAILABLE_SQLITE_CODES`.
-    Any other OperationalError (an SQLite syntax error, a missing table) is a
-    bug or a deployment error and stays a 500.
+    connection), and for an :class:`~django.db.OperationalError` whose driver
+    exception its backend's store calls unavailable
+    (:func:`django_fq.storage.unavailable`: a refused or lost connection, too
+    many connections, a server shutting down, a locked SQLite file). Any
+    other OperationalError (a syntax error, a missing table) is a bug or a
+    deployment error and stays a 500.
     """
     if isinstance(exc, InterfaceError):
         return True
     if not isinstance(exc, OperationalError):
         return False
     cause = exc.__cause__ or exc.__context__
-    sqlite_code = getattr(cause, "sqlite_errorcode", None)
-    if sqlite_code is not None:
-        return (sqlite_code & 0xFF) in _UNAVAILABLE_SQLITE_CODES
-    if cause is None or type(cause).__module__.split(".")[0] not in ("psycopg", "psycopg2"):
-        return False
-    state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-    return state is None or str(state).startswith(_UNAVAILABLE_SQLSTATES)
+    return cause is not None and storage.unavailable(cause)
 
 
 def error_body(code: str, message: str, field: str | None = None, **extra) -> dict:

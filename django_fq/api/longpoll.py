@@ -2,7 +2,7 @@
 
 A long-poll ``claim`` (``wait_ms`` up to 20 s) and ``wait`` for a job keep a
 web worker's thread busy while they wait. What they must not keep is a
-database connection (docs/reference/semantics.md §9, REST specifics): on PostgreSQL the request's
+database connection (docs/reference/semantics.md §9, REST specifics): on a database server the request's
 connection is closed (or handed back to Django's connection pool) before
 every pause and opened again for the next look, and the pause itself waits on
 the process-wide LISTEN connection of :mod:`django_fq.wakeup`, so a hundred
@@ -11,9 +11,12 @@ waiting requests cost one listening connection.
 Between looks a waiting claim sleeps until a notification for its queue
 (an enqueue, release or retry committed by any process) or, at the latest,
 ``FQ_API_LONG_POLL_RECHECK_MS`` (default 1 s): jobs whose delay runs out and
-leases freed under a concurrency limit send no notification. On SQLite there
-is nothing to listen to and a connection is a file handle: the claim looks
-again every 100 ms, as :func:`django_fq.services.claim` does.
+leases freed under a concurrency limit send no notification. On MariaDB/MySQL
+there is nothing to listen to: the connection is still given back before each
+pause, and the claim looks again every 200 ms. On SQLite a connection is a
+file handle: the claim keeps it and looks again every 100 ms, as
+:func:`django_fq.services.claim` does. On every backend an enqueue committed
+by the same process ends the pause at once (:mod:`django_fq.wakeup`).
 
 A request inside ``transaction.atomic`` (not the API's own views, which opt
 out of ``ATOMIC_REQUESTS``) keeps its connection: closing it would end the
@@ -29,8 +32,11 @@ from ..exceptions import WaitTimeout
 from ..types import ClaimedJob, JobInfo
 from . import conf
 
-#: Pause between looks where no notification can end it early (SQLite; PostgreSQL before LISTEN is up).
+#: Pause between looks where no notification from another process can end it early (SQLite).
 POLL_S = 0.1
+#: The same on a database server without LISTEN (MariaDB/MySQL; PostgreSQL before LISTEN is up), where
+#: the connection is given back before each pause and opened again for the next look.
+POLL_SERVER_S = 0.2
 #: ``wait`` keeps its connection through pauses shorter than this (reconnecting would cost more).
 RELEASE_FROM_S = 0.25
 #: Final job states: ``wait`` returns once a job is in one of them.
@@ -63,6 +69,8 @@ def claim(queue: str, *, count: int, visibility_ms: int | None, wait_ms: int, wo
             return jobs
         if listener.listening and release_connection():
             pause = conf.long_poll_recheck_s()
+        elif release_connection():
+            pause = POLL_SERVER_S  # no LISTEN (MariaDB/MySQL): look again soon, holding no server thread meanwhile
         else:
             pause = POLL_S
         listener.wait(mark, {queue}, min(pause, remaining))

@@ -6,7 +6,7 @@ capability     permission                   endpoints
 produce        ``django_fq.produce``        enqueue (one job or a bulk of them) into an
                                             existing queue; wait for a job (its state and
                                             result only)
-consume        ``django_fq.consume``        claim, ack, nack, release, extend
+consume        ``django_fq.consume``        claim, ack, nack, release, extend, progress
 manage         ``django_fq.manage``         list/get/configure/delete queues, list/get/
                                             retry/cancel/wait for jobs (the whole job),
                                             stats; create a queue by enqueueing to it

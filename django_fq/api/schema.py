@@ -15,7 +15,7 @@ from .views import FqAPIView
 DESCRIPTION = (
     "Leased background jobs over HTTP. Times are epoch milliseconds, durations milliseconds. "
     'Errors are JSON objects {"code", "message", "field"}. Access needs a Django permission: '
-    "django_fq.produce (enqueue), django_fq.consume (claim, ack, nack, release, extend) or "
+    "django_fq.produce (enqueue), django_fq.consume (claim, ack, nack, release, extend, progress) or "
     "django_fq.manage (everything else)."
 )
 

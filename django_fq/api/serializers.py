@@ -122,6 +122,12 @@ class EnqueueSerializer(serializers.Serializer):
     unique_key = serializers.CharField(min_length=1, max_length=255, required=False, allow_null=True)
     max_attempts = _int(*POLICY_BOUNDS["max_attempts"], required=False, allow_null=True)
     timeout_ms = _int(*POLICY_BOUNDS["timeout_ms"], required=False, allow_null=True)
+    metadata = serializers.DictField(
+        required=False,
+        allow_null=True,
+        help_text='a JSON object of at most FQ_MAX_METADATA_BYTES (default 4096) as compact UTF-8; its "tags": '
+        "up to 16 distinct strings of 1-64 characters from [A-Za-z0-9:._-]",
+    )
 
 
 class BulkEnqueueSerializer(serializers.Serializer):
@@ -153,6 +159,7 @@ class ClaimedJobSerializer(serializers.Serializer):
     deadline = _epoch_ms(help_text="the lease is valid strictly before this instant (epoch ms)")
     attempts = serializers.IntegerField()
     enqueued_at = _epoch_ms()
+    metadata = serializers.DictField(help_text="the job's metadata ({} when none)")
 
 
 class AckSerializer(serializers.Serializer):
@@ -170,11 +177,26 @@ class NackSerializer(serializers.Serializer):
 class ReleaseSerializer(serializers.Serializer):
     receipt = serializers.CharField()
     error = serializers.CharField(required=False, allow_null=True, allow_blank=True)
+    delay_ms = _int(
+        0, validation.MAX_NACK_DELAY_MS, required=False, allow_null=True,
+        help_text="eligible again this long from now (a snooze); default: ready now",
+    )  # fmt: skip
 
 
 class ExtendSerializer(serializers.Serializer):
     receipt = serializers.CharField()
     visibility_ms = _int(validation.MIN_VISIBILITY_MS, validation.MAX_VISIBILITY_MS)
+
+
+class ProgressSerializer(serializers.Serializer):
+    """A progress report of a running job (request and response), as ``services.report_progress`` takes it."""
+
+    receipt = serializers.CharField(write_only=True)
+    progress = serializers.FloatField(min_value=0, max_value=100, help_text="a percentage, 0-100")
+    message = serializers.CharField(
+        required=False, allow_blank=True, allow_null=True, max_length=validation.MAX_PROGRESS_MESSAGE,
+        help_text='at most 200 characters (default "")',
+    )
 
 
 class DeadlineSerializer(serializers.Serializer):
@@ -219,6 +241,11 @@ class JobListedSerializer(serializers.Serializer):
     finished_at = _epoch_ms(allow_null=True)
     lease_deadline = _epoch_ms(allow_null=True)
     worker = serializers.CharField(allow_blank=True)
+    metadata = serializers.DictField(help_text="set at enqueue ({} when none)")
+    tags = serializers.ListField(child=serializers.CharField(), help_text='metadata "tags"')
+    progress = serializers.FloatField(allow_null=True, help_text="the last progress report: a percentage, 0-100")
+    progress_message = serializers.CharField(allow_blank=True)
+    progress_at = _epoch_ms(allow_null=True)
 
 
 class JobSerializer(JobListedSerializer):

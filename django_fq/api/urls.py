@@ -31,6 +31,7 @@ def api_patterns() -> list:
         path("queues/<str:queue>/nack/", views.NackView.as_view(), name="nack"),
         path("queues/<str:queue>/release/", views.ReleaseView.as_view(), name="release"),
         path("queues/<str:queue>/extend/", views.ExtendView.as_view(), name="extend"),
+        path("queues/<str:queue>/progress/", views.ProgressView.as_view(), name="progress"),
     ]
 
 

@@ -200,6 +200,27 @@ class FqAPIView(APIView):
 
 
 
+class ProgressView(FqAPIView):
+    """Store how far a leased job got (``consume``)."""
+
+    capabilities = {"POST": (CONSUME,)}
+
+    @_doc(
+        operation_id="progress",
+        summary="Store the progress of a running job: a percentage and a short message (each call writes once)",
+        parameters=[_QUEUE_PARAM],
+        request=s.ProgressSerializer,
+        responses={200: s.ProgressSerializer, **_errors(*_COMMON, 404, 409, 413, 415)},
+        tags=["leases"],
+    )
+    @sensitive_variables()  # error reports must not show receipts (see the module docstring)
+    def post(self, request, queue):
+        body = _body(request, {"receipt", "progress", "message"}, required=("receipt", "progress"))
+        services.report_progress(queue, body["receipt"], body["progress"], body.get("message"))
+        value, message = validation.progress(body["progress"], body.get("message"))
+        return Response({"progress": value, "message": message})
+
+
 def _body(request, allowed, *, required=()) -> dict:
     """The request body as a dict: a JSON object with only ``allowed`` keys and every ``required`` one."""
     data = request.data
@@ -300,6 +321,7 @@ def _claimed(job) -> dict:
         "deadline": job.deadline,
         "attempts": job.attempts,
         "enqueued_at": job.enqueued_at,
+        "metadata": job.metadata or {},
     }
 
 
@@ -455,6 +477,11 @@ class JobsView(FqAPIView):
             OpenApiParameter(
                 "count", {"type": "integer", "minimum": 1, "maximum": 1000}, description="page size (default 20)"
             ),
+            OpenApiParameter(
+                "tag",
+                {"type": "string", "pattern": "^[A-Za-z0-9:._-]{1,64}$"},
+                description='only jobs whose metadata "tags" hold this tag (exact); the cursor pages on with it',
+            ),
         ],
         responses={200: s.JobPageSerializer, **_errors(*_COMMON, 404)},
         tags=["jobs"],
@@ -466,6 +493,7 @@ class JobsView(FqAPIView):
             state=params.get("state") or None,
             cursor=params.get("cursor") or None,
             count=_query_int(request, "count", 20),
+            tag=params.get("tag") or None,
         )
         return Response({"jobs": [_listed(j) for j in page.jobs], "next_cursor": page.next_cursor})
 
@@ -740,7 +768,7 @@ class ReleaseView(FqAPIView):
 
     @_doc(
         operation_id="release",
-        summary="Give a job back: ready again now, the attempt not counted",
+        summary="Give a job back, the attempt not counted: ready again now, or after delay_ms (a snooze)",
         parameters=[_QUEUE_PARAM],
         request=s.ReleaseSerializer,
         responses={200: s.SettleSerializer, **_errors(*_COMMON, 404, 409, 413, 415)},
@@ -748,8 +776,9 @@ class ReleaseView(FqAPIView):
     )
     @sensitive_variables()  # error reports must not show receipts (see the module docstring)
     def post(self, request, queue):
-        body = _body(request, {"receipt", "error"}, required=("receipt",))
-        return Response(_settled(services.release(queue, body["receipt"], error=body.get("error"))))
+        body = _body(request, {"receipt", "error", "delay_ms"}, required=("receipt",))
+        result = services.release(queue, body["receipt"], error=body.get("error"), delay_ms=body.get("delay_ms"))
+        return Response(_settled(result))
 
 
 class ExtendView(FqAPIView):

@@ -1,8 +1,8 @@
 """Metrics of one worker process, served by ``fq_worker --metrics-port`` (needs ``prometheus-client``).
 
-:class:`MetricsWorker` is the :class:`django_fq.worker.Worker` with its public
-steps (``run``, ``claim_into``, ``execute``) wrapped to record what this
-process does. The metrics live in prometheus-client's default registry, so
+:class:`MetricsSubscriber` subscribes to the events of a
+:class:`django_fq.worker.Worker` (:mod:`django_fq.worker.events`) and records
+what this process does. The metrics live in prometheus-client's default registry, so
 the worker's HTTP endpoint also shows the client's process metrics
 (``process_*``, ``python_*``) and any metric your handlers register there.
 
@@ -18,11 +18,14 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
-from ..worker import Outcome, Worker, emit
+from ..worker import Worker, emit
+from ..worker.events import JobFinished, JobsClaimed, JobStarted, WorkerStarted, WorkerStopped, WorkerStopping
 
 #: Histogram buckets (seconds) of wait and run times: 5 ms to an hour.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
@@ -44,66 +47,78 @@ RUN = Histogram("fq_worker_run_seconds", "Run time of the handler, whatever its 
 BUSY = Gauge("fq_worker_threads_busy", "Runner threads of this process running a handler now.")
 
 _lock = threading.Lock()
-_current: MetricsWorker | None = None
+_current: MetricsSubscriber | None = None
 _installed = False
 
 
-class MetricsWorker(Worker):
-    """A :class:`~django_fq.worker.Worker` that records the ``fq_worker_*`` metrics of its process.
+class MetricsSubscriber:
+    """Records the ``fq_worker_*`` metrics of one worker from its events.
 
-    Takes the same arguments as :class:`~django_fq.worker.Worker`. Only one
-    is reported at a time: the one whose :meth:`run` started last.
+    Subscribe it to a worker (``Worker(..., subscribers=[MetricsSubscriber()])``);
+    ``fq_worker --metrics-port`` does. Only one worker is reported at a time:
+    the one whose run started last.
     """
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self) -> None:
+        self.worker: Worker | None = None
+        #: True from the start of the run until a stop is requested or it returns (``fq_worker_up``).
         self.serving = False
         self.last_heartbeat: float | None = None  # wall-clock seconds (time.time())
         install()
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            WorkerStarted: self._started,
+            JobsClaimed: self._claimed,
+            JobStarted: self._job_started,
+            JobFinished: self._job_finished,
+            WorkerStopping: self._stopping,
+            WorkerStopped: self._stopping,
+        }
 
-    def run(self):
-        """Serve as :meth:`Worker.run` does, marked up (``fq_worker_up`` 1) until a stop is requested or it returns."""
+    def __call__(self, event) -> None:
+        handler = self._handlers.get(type(event))
+        if handler is not None:
+            handler(event)
+
+    def _started(self, event: WorkerStarted) -> None:
         global _current
         with _lock:
             _current = self
+        self.worker = event.worker
         self.serving = True
         self.last_heartbeat = time.time()
-        try:
-            return super().run()
-        finally:
-            self.serving = False
 
-    def request_stop(self, reason: str = "stopped") -> None:
-        """Stop as :meth:`Worker.request_stop` does; ``fq_worker_up`` turns 0 at once (no more claims)."""
-        self.serving = False
-        super().request_stop(reason)
+    def _stopping(self, event) -> None:
+        self.serving = False  # no more claims: fq_worker_up turns 0 at once
 
-    def claim_into(self, queue: str, count: int) -> int:
-        """Claim as :meth:`Worker.claim_into` does; count the jobs and beat the heartbeat (the database answered)."""
-        got = super().claim_into(queue, count)
+    def _claimed(self, event: JobsClaimed) -> None:
+        # The database answered a claim: a sign of progress, even when it found nothing.
         self.last_heartbeat = time.time()
-        if got:
-            CLAIMED.labels(queue).inc(got)
-        return got
+        if event.got:
+            CLAIMED.labels(event.queue).inc(event.got)
 
-    def execute(self, running) -> Outcome:
-        """Run the handler as :meth:`Worker.execute` does, timing it and counting its outcome."""
-        claimed = running.claimed
-        if claimed.attempts == 1:
-            WAIT.labels(claimed.queue).observe(max(0, claimed.claimed_at - claimed.enqueued_at) / 1000)
+    def _job_started(self, event: JobStarted) -> None:
+        if event.job.attempts == 1:
+            WAIT.labels(event.job.queue).observe(event.wait_ms / 1000)
         BUSY.inc()
-        try:
-            outcome = super().execute(running)
-        finally:
-            BUSY.dec()
-        RUN.labels(claimed.queue).observe(outcome.elapsed_ms / 1000)
-        JOBS.labels(claimed.queue, outcome.kind).inc()
+
+    def _job_finished(self, event: JobFinished) -> None:
+        BUSY.dec()
+        RUN.labels(event.job.queue).observe(event.run_ms / 1000)
+        JOBS.labels(event.job.queue, event.outcome).inc()
         self.last_heartbeat = time.time()
-        return outcome
+
+
+class MetricsWorker(Worker):
+    """A :class:`~django_fq.worker.Worker` with a :class:`MetricsSubscriber` subscribed (kept for existing code)."""
+
+    def __init__(self, *args, **kwargs):
+        self.metrics = MetricsSubscriber()
+        kwargs["subscribers"] = [*kwargs.get("subscribers", ()), self.metrics]
+        super().__init__(*args, **kwargs)
 
 
 class WorkerCollector:
-    """The per-process gauges read from the current :class:`MetricsWorker` at scrape time."""
+    """The per-process gauges read at scrape time from the worker the current :class:`MetricsSubscriber` follows."""
 
     NAMES = (
         "fq_worker_up",
@@ -120,14 +135,15 @@ class WorkerCollector:
             yield GaugeMetricFamily(name, "")
 
     def collect(self):
-        worker = _current
+        subscriber = _current
+        worker = subscriber.worker if subscriber is not None else None
         up = GaugeMetricFamily(
             "fq_worker_up",
             "1 while this process's worker claims jobs; 0 before it starts and once it stops (draining included).",
         )
-        up.add_metric([], 1 if worker is not None and worker.serving else 0)
+        up.add_metric([], 1 if subscriber is not None and subscriber.serving else 0)
         yield up
-        if worker is None:
+        if subscriber is None or worker is None:
             return
         info = InfoMetricFamily("fq_worker", "The worker of this process.")
         info.add_metric([], {"worker": worker.worker_id, "queues": ",".join(worker.queues)})
@@ -144,7 +160,7 @@ class WorkerCollector:
             "fq_worker_last_heartbeat_timestamp_seconds",
             "Unix time of this worker's last sign of progress: a claim call the database answered, or a handler that ended.",
         )
-        beat.add_metric([], worker.last_heartbeat or 0)
+        beat.add_metric([], subscriber.last_heartbeat or 0)
         yield beat
         stats = worker.stats
         settled = CounterMetricFamily(

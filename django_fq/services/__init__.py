@@ -17,7 +17,7 @@ Usage::
 
 from .enqueue import enqueue, enqueue_many
 from .jobs import cancel, get, jobs, requeue, retry, stats, wait
-from .leases import ack, ack_many, claim, extend, nack, release
+from .leases import ack, ack_many, claim, extend, nack, release, report_progress
 from .maintenance import fold_counters, prune, reap
 from .queues import configure, delete_queue, policy, queues
 
@@ -40,6 +40,7 @@ __all__ = [
     "queues",
     "reap",
     "release",
+    "report_progress",
     "requeue",
     "retry",
     "stats",

@@ -6,11 +6,12 @@ Nothing here is public API.
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
 from django.db import IntegrityError, transaction
 
 from .. import conf, db, storage, validation
-from ..exceptions import QueueNotFound, TooManyQueues
+from ..exceptions import QueueFull, QueueNotFound, TooManyQueues
 from ..models import IdempotencyToken, Job, Lease, Queue, QueueCounter
 from ..types import TIMING_NAMES, TOTAL_NAMES, QueuePolicy
 
@@ -54,38 +55,43 @@ def get_queue(name: str, *, lock: bool = False) -> Queue:
     """
     validation.queue_name(name)
     conn = db.connection()
-    suffix = storage.for_connection(conn).key_share_sql if lock else ""
+    store = storage.for_connection(conn)
+    suffix = store.key_share_sql if lock else ""
+    sql = f"SELECT {', '.join(_QUEUE_COLUMNS)} FROM {QUEUE} WHERE name = %s"
     with conn.cursor() as cur:
-        cur.execute(f"SELECT {', '.join(_QUEUE_COLUMNS)} FROM {QUEUE} WHERE name = %s{suffix}", [name])
+        cur.execute(f"{sql}{suffix}", [name])
         row = cur.fetchone()
+        if row is None and not lock and store.may_read_stale(conn):
+            # A caller's snapshot may predate the queue's creation: ask the newest commit
+            # (a locking read), only on a miss, so a found queue's row is never held.
+            cur.execute(f"{sql}{store.fresh_read_sql(conn)}", [name])
+            row = cur.fetchone()
     if row is None:
         raise QueueNotFound(f"no such queue: {name}", field="queue")
     return Queue.from_db(conf.database(), list(_QUEUE_COLUMNS), list(row))
 
 
-#: Key of the PostgreSQL advisory lock that serialises queue creations (the ``FQ_MAX_QUEUES`` count).
+#: Key of the lock that serialises queue creations (the ``FQ_MAX_QUEUES`` count; see Store.lock_queue_creation).
 _CREATE_LOCK_KEY = 0x66710001
 
 
 def lock_queue_creation(conn) -> None:
-    """Wait for other transactions creating queues (PostgreSQL: an advisory lock held until commit)."""
+    """Wait for other transactions creating queues (a lock the store holds until this transaction ends)."""
     storage.for_connection(conn).lock_queue_creation(conn, _CREATE_LOCK_KEY)
 
 
 def check_room_for_a_queue(conn, name: str) -> None:
     """Raise :class:`TooManyQueues` if one more queue would pass ``FQ_MAX_QUEUES``.
 
-    Call it inside the transaction that creates the queue. On PostgreSQL it
-    first takes a transaction-scoped advisory lock, so concurrent creations
-    count one after the other and the limit holds exactly; SQLite writers are
-    serialised already. It runs only on the way to creating a queue, never on
-    an enqueue into an existing one.
+    Call it inside the transaction that creates the queue. It first takes
+    the store's queue-creation lock, held until that transaction ends, so
+    concurrent creations count one after the other and the limit holds
+    exactly. It runs only on the way to creating a queue, never on an enqueue
+    into an existing one.
     """
     limit = conf.max_queues()
     lock_queue_creation(conn)
-    with conn.cursor() as cur:
-        cur.execute(f"SELECT COUNT(*) FROM {QUEUE}")
-        (count,) = cur.fetchone()
+    count = storage.for_connection(conn).count_queues(conn)
     if count >= limit:
         raise TooManyQueues(
             f"too many queues: the database holds {count} and FQ_MAX_QUEUES is {limit}; "
@@ -137,32 +143,76 @@ def add_counters(conn, queue_id: int, **deltas: int) -> None:
     """Add ``deltas`` (counter name → increment) to the queue's counters.
 
     Adds to one :class:`QueueCounter` shard that no other transaction holds
-    (PostgreSQL ``FOR UPDATE SKIP LOCKED``), or inserts a new shard when every
+    (``SKIP LOCKED`` where rows lock), or inserts a new shard when every
     shard is busy, so this never waits for another transaction.
     """
     deltas = {k: v for k, v in deltas.items() if v}
-    if not deltas:
-        return
-    sets = ", ".join(f"{k} = {k} + %s" for k in deltas)
-    skip = storage.for_connection(conn).skip_locked_sql
-    with conn.cursor() as cur:
-        cur.execute(
-            f"UPDATE {COUNTER} SET {sets} WHERE id = (SELECT id FROM {COUNTER} WHERE queue_id = %s LIMIT 1{skip})",
-            [*deltas.values(), queue_id],
-        )
-        if cur.rowcount == 0:
-            cols = ", ".join(deltas)
-            marks = ", ".join(["%s"] * len(deltas))
-            cur.execute(f"INSERT INTO {COUNTER} (queue_id, {cols}) VALUES (%s, {marks})", [queue_id, *deltas.values()])
+    if deltas:
+        storage.for_connection(conn).add_counters(conn, queue_id, deltas)
 
 
 def counter_sums(conn, queue_id: int, names=COUNTER_NAMES) -> dict[str, int]:
     """The queue's counters ``names``: sums over its shards (one statement, one snapshot)."""
-    cols = ", ".join(f"COALESCE(SUM({n}), 0)" for n in names)
-    with conn.cursor() as cur:
-        cur.execute(f"SELECT {cols} FROM {COUNTER} WHERE queue_id = %s", [queue_id])
-        row = cur.fetchone()
-    return {n: int(v) for n, v in zip(names, row, strict=True)}
+    return storage.for_connection(conn).counter_sums(conn, queue_id, names)
+
+
+class Overflow(NamedTuple):
+    """A per-queue limit an addition would pass (see :func:`queue_overflow`)."""
+
+    #: The setting: ``"FQ_MAX_JOBS_PER_QUEUE"`` or ``"FQ_MAX_TOKENS_PER_QUEUE"``.
+    setting: str
+    #: Its value.
+    limit: int
+    #: What the queue holds now: active (scheduled + ready + running) jobs, or token rows.
+    held: int
+    #: What the caller would add.
+    adding: int
+
+
+def max_jobs_per_queue() -> int:
+    """``FQ_MAX_JOBS_PER_QUEUE``: the most scheduled + ready + running jobs a queue may hold."""
+    return int(conf.get("FQ_MAX_JOBS_PER_QUEUE"))
+
+
+def fits(held: int, adding: int, limit: int) -> bool:
+    """The queue-full rule (docs/reference/semantics.md §9): ``held + adding`` must not pass ``limit``.
+
+    The one-statement PostgreSQL enqueue states the same rule in SQL
+    (``active + n <= limit``) with :func:`max_jobs_per_queue`.
+    """
+    return held + adding <= limit
+
+
+def queue_overflow(conn, queue_id: int, *, jobs: int = 0, tokens: int = 0) -> Overflow | None:
+    """The first per-queue limit that adding ``jobs`` active jobs and ``tokens`` token rows would pass, or ``None``.
+
+    Jobs count against ``FQ_MAX_JOBS_PER_QUEUE``, token rows against
+    ``FQ_MAX_TOKENS_PER_QUEUE``; what the queue holds is read from its
+    counters (one statement). For every writer that adds jobs or tokens
+    (enqueue, import), each raising its own error.
+    """
+    sums = counter_sums(conn, queue_id, ("active", "token_rows"))
+    checks = (
+        ("FQ_MAX_JOBS_PER_QUEUE", max_jobs_per_queue(), sums["active"], jobs),
+        ("FQ_MAX_TOKENS_PER_QUEUE", int(conf.get("FQ_MAX_TOKENS_PER_QUEUE")), sums["token_rows"], tokens),
+    )
+    for setting, limit, held, adding in checks:
+        if adding and not fits(held, adding, limit):
+            return Overflow(setting, limit, held, adding)
+    return None
+
+
+def check_queue_room(conn, queue_id: int, *, jobs: int = 0, tokens: int = 0) -> None:
+    """Raise :class:`QueueFull` if adding ``jobs`` active jobs or ``tokens`` token rows would pass a limit.
+
+    The enqueue's error: field ``queue`` for jobs, ``idempotency`` for tokens.
+    """
+    over = queue_overflow(conn, queue_id, jobs=jobs, tokens=tokens)
+    if over is None:
+        return
+    if over.setting == "FQ_MAX_JOBS_PER_QUEUE":
+        raise QueueFull(f"queue full: {over.held} of {over.limit} jobs active (FQ_MAX_JOBS_PER_QUEUE)", field="queue")
+    raise QueueFull(f"queue full: {over.limit} idempotency tokens (FQ_MAX_TOKENS_PER_QUEUE)", field="idempotency")
 
 
 def history_entry(at: int, attempt: int, kind: str, error: str, worker: str = "") -> dict:
@@ -175,6 +225,32 @@ def append_history(errors: list | None, entry: dict, keep: int = 100) -> list:
     out = list(errors or [])
     out.append(entry)
     return out[-keep:]
+
+
+#: Entries a job's error history keeps, the newest (docs/reference/semantics.md §9).
+HISTORY_KEEP = 100
+
+
+def history_on_server(conn) -> bool:
+    """True when the store appends a history entry in the database (:func:`history_value` needs no ``errors``)."""
+    return storage.for_connection(conn).history_append_sql("errors", HISTORY_KEEP) is not None
+
+
+def history_value(conn, errors: list | None, entry: dict):
+    """What an ORM ``update(errors=...)`` writes to append ``entry`` to a job's history, keeping :data:`HISTORY_KEEP`.
+
+    Where the store appends in the database, an expression that sends only
+    ``entry`` (a full history of 64 KiB errors would not fit one statement,
+    docs/reference/semantics.md §9); else the list, ``errors`` (the job's
+    current history) with ``entry`` appended.
+    """
+    from django.db.models import JSONField
+    from django.db.models.expressions import RawSQL
+
+    sql = storage.for_connection(conn).history_append_sql("errors", HISTORY_KEEP)
+    if sql is None:
+        return append_history(errors, entry, HISTORY_KEEP)
+    return RawSQL(sql, [json.dumps(entry)], output_field=JSONField())
 
 
 def backoff_ms(policy: QueuePolicy, attempts: int) -> int:

@@ -9,25 +9,21 @@ queue-full limit is checked; then the job is inserted.
 
 from __future__ import annotations
 
-import json
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
 from django.db import IntegrityError
 
-from .. import conf, db, validation
-from ..exceptions import InvalidArgument, InvalidTime, QueueFull
+from .. import conf, db, middleware, payloads, storage, validation
+from ..exceptions import EnqueueRefused, InvalidArgument, InvalidTime
 from ..types import EnqueueResult
 from ._base import (
-    COUNTER,
-    JOB,
-    QUEUE,
-    TOKEN,
     add_counters,
-    counter_sums,
+    check_queue_room,
     get_or_create_queue,
     get_queue,
+    max_jobs_per_queue,
     policy_of,
 )
 from .queues import POLICY_BOUNDS
@@ -44,6 +40,7 @@ ENVELOPE_KEYS = frozenset(
         "unique_key",
         "max_attempts",
         "timeout_ms",
+        "metadata",
     }
 )
 _CHUNK = 500  # rows per INSERT: well under SQLite's and PostgreSQL's parameter limits
@@ -51,6 +48,10 @@ _CHUNK = 500  # rows per INSERT: well under SQLite's and PostgreSQL's parameter 
 #: enqueue still looks the queue up itself and reports a queue deleted since.
 _seen_queues: set[tuple[str, str]] = set()
 _SEEN_QUEUES_MAX = 10_000
+#: Called as ``after_enqueue(queue, results)`` after every enqueue call, when set; ``None`` in
+#: production. Only the test helpers' inline mode sets it (django_fq.testing.inline), so the
+#: enqueue path pays one global read for it.
+after_enqueue: Callable[[str, list[EnqueueResult]], None] | None = None
 
 
 class _Item(NamedTuple):
@@ -66,6 +67,14 @@ class _Item(NamedTuple):
     unique_key: str | None
     max_attempts: int | None
     timeout_ms: int | None
+    metadata: str | None = None  # compact JSON text of a non-empty object
+    tags: str | None = None  # the tags column: "|a|b|"
+
+
+#: An envelope with a payload only: every option after ``size`` at its default. ``_new_item(_Item, (text,
+#: size, *_NO_OPTIONS))`` skips NamedTuple's keyword-handling ``__new__`` (a Python function) per item.
+_NO_OPTIONS = (0, None, None, None, None, None, None, None, None, None)
+_new_item = tuple.__new__
 
 
 def enqueue(
@@ -80,6 +89,7 @@ def enqueue(
     unique_key: str | None = None,
     max_attempts: int | None = None,
     timeout_ms: int | None = None,
+    metadata: dict | None = None,
     create_queue: bool = True,
 ) -> EnqueueResult:
     """Add one job to ``queue`` (created with the default policy if missing).
@@ -98,6 +108,13 @@ def enqueue(
             holding this key, if any.
         max_attempts: 1–1000; default: the queue's policy (copied now).
         timeout_ms: 0 – 7 days (0 = none); default: the queue's policy.
+        metadata: a JSON object (``dict``) of at most ``FQ_MAX_METADATA_BYTES``
+            (default 4096) bytes of compact UTF-8 JSON, readable by the handler
+            as ``job.metadata``; its key ``"tags"`` is an optional list of at
+            most 16 distinct tags of 1–64 characters from ``[A-Za-z0-9:._-]``
+            (``jobs(..., tag=...)`` filters on them). ``FQ_ENQUEUE_MIDDLEWARE``
+            may add to it. A duplicate (idempotency token, unique key) keeps
+            the first job's metadata.
         create_queue: ``False`` raises :class:`QueueNotFound` (and writes
             nothing) when ``queue`` does not exist, instead of creating it.
             The REST API passes ``False`` for users who may not create queues
@@ -110,23 +127,31 @@ def enqueue(
     :class:`PayloadTooLarge`, :class:`InvalidDelay`, :class:`DelayAndAt`,
     :class:`InvalidTime`, :class:`InvalidArgument`, :class:`QueueFull`,
     :class:`TooManyQueues` (creating the queue would pass ``FQ_MAX_QUEUES``),
-    :class:`QueueNotFound` (only with ``create_queue=False``).
+    :class:`QueueNotFound` (only with ``create_queue=False``),
+    :class:`EnqueueRefused` (an enqueue middleware refused the job).
     """
     validation.queue_name(queue)
-    item = parse_options(
-        {
-            "payload": payload,
-            "priority": priority,
-            "delay_ms": delay_ms,
-            "at": at,
-            "idempotency": idempotency,
-            "idempotency_retention_ms": idempotency_retention_ms,
-            "unique_key": unique_key,
-            "max_attempts": max_attempts,
-            "timeout_ms": timeout_ms,
-        }
-    )
-    return _write(queue, [item], batch=False, create=create_queue)[0]
+    raw = {
+        "payload": payload,
+        "priority": priority,
+        "delay_ms": delay_ms,
+        "at": at,
+        "idempotency": idempotency,
+        "idempotency_retention_ms": idempotency_retention_ms,
+        "unique_key": unique_key,
+        "max_attempts": max_attempts,
+        "timeout_ms": timeout_ms,
+        "metadata": metadata,
+    }
+    chain = middleware.enqueue_chain()
+    if chain is not None:
+        options = {k: v for k, v in raw.items() if v is not None and k not in ("payload", "metadata")}
+        raw["metadata"] = middleware.run_enqueue_middleware(chain, queue, payload, metadata, options)
+    item = parse_options(raw)
+    results = _write(queue, [item], batch=False, create=create_queue)
+    if after_enqueue is not None:
+        after_enqueue(queue, results)
+    return results[0]
 
 
 def enqueue_many(queue: str, items: Iterable[Mapping], *, create_queue: bool = True) -> list[EnqueueResult]:
@@ -135,7 +160,9 @@ def enqueue_many(queue: str, items: Iterable[Mapping], *, create_queue: bool = T
     ``items`` are envelopes: mappings with a ``"payload"`` key and any of the
     options of :func:`enqueue` (``priority``, ``delay_ms``, ``at``,
     ``idempotency``, ``idempotency_retention_ms``, ``unique_key``,
-    ``max_attempts``, ``timeout_ms``). Returns one :class:`EnqueueResult` per
+    ``max_attempts``, ``timeout_ms``, ``metadata``). ``FQ_ENQUEUE_MIDDLEWARE``
+    runs for each item (a refusal fails the whole batch: its ``field`` is
+    ``items[i]``). Returns one :class:`EnqueueResult` per
     item, in input order. Items of one batch sharing a token or unique key
     coalesce onto the first of them. An invalid item fails the whole batch
     (the error's ``field`` is prefixed with ``items[i].``) and writes nothing.
@@ -143,10 +170,18 @@ def enqueue_many(queue: str, items: Iterable[Mapping], *, create_queue: bool = T
     """
     validation.queue_name(queue)
     limit = conf.max_payload_bytes()
-    parsed = [_parse_item(i, raw, limit) for i, raw in enumerate(items)]
+    chain = middleware.enqueue_chain()
+    encode = validation.batch_encoder()  # this call's own: one C encoder for all its payloads
+    if chain is None:
+        parsed = [_parse_item(i, raw, limit, encode) for i, raw in enumerate(items)]
+    else:
+        parsed = [_parse_item(i, _through(chain, queue, i, raw), limit, encode) for i, raw in enumerate(items)]
     if not parsed:
         return []
-    return _write(queue, parsed, batch=True, create=create_queue)
+    results = _write(queue, parsed, batch=True, create=create_queue)
+    if after_enqueue is not None:
+        after_enqueue(queue, results)
+    return results
 
 
 def _write(queue: str, items: list[_Item], *, batch: bool, create: bool = True) -> list[EnqueueResult]:
@@ -157,17 +192,23 @@ def _write(queue: str, items: list[_Item], *, batch: bool, create: bool = True) 
     """
     conn = db.connection()
     owned = not conn.in_atomic_block
-    if conn.vendor == "postgresql" and all(it.token is None and it.unique_key is None and it.at is None for it in items):
+    store = storage.for_connection(conn)
+    # A large payload goes to the side table in a second statement of the jobs' transaction
+    # (payloads.split): the general path writes it; the one-statement enqueue has no room for it.
+    offload = conf.payload_offload_bytes()
+    if store.supports_one_statement_enqueue and all(
+        it.token is None and it.unique_key is None and it.at is None and it.size <= offload for it in items
+    ):
         known = (conn.alias, queue)
         if known not in _seen_queues:
             # Not seen by this process yet: make sure it exists before sending the rows,
             # so a bulk enqueue into a new queue does not ship (and parse) its rows twice.
             _find_queue(queue, create)
-        done, found = db.retrying(_insert_plain_pg, conn, queue, items, atomic=False)
+        done, found = db.retrying(_insert_plain, conn, queue, items, atomic=False)
         if not found:  # deleted since: create it again, then the same one statement
             _seen_queues.discard(known)
             _find_queue(queue, create)
-            done, found = db.retrying(_insert_plain_pg, conn, queue, items, atomic=False)
+            done, found = db.retrying(_insert_plain, conn, queue, items, atomic=False)
         if found:
             if len(_seen_queues) >= _SEEN_QUEUES_MAX:
                 _seen_queues.clear()  # queue names made up on the fly: keep the hint small
@@ -187,98 +228,39 @@ def _find_queue(queue: str, create: bool):
     return get_or_create_queue(queue) if create else get_queue(queue)
 
 
-# The whole plain enqueue in one statement: look the queue up, check the
-# queue-full limit against the counters, insert the rows in input order, add
-# to a free counter shard (or a new one), and notify idle workers. Outside the
-# caller's transaction autocommit makes it atomic: one round trip per call.
-# The rows travel as one JSON text (the C encoder writes it; PostgreSQL parses
-# it), much cheaper than encoding one array per column in Python.
-_PLAIN_PG = """
-WITH q AS (SELECT id, max_attempts, timeout_ms FROM {queue} WHERE name = %s FOR KEY SHARE),
-c AS (SELECT {now} AS t),
-cap AS (SELECT COALESCE(SUM(active), 0) AS active FROM {counter} WHERE queue_id = (SELECT id FROM q)),
-ins AS (
-    INSERT INTO {job} (uid, queue_id, state, priority, run_at, enqueued_at, changed_at, attempts, max_attempts,
-        generation, timeout_ms, payload, payload_size, last_error, errors, unique_key, idempotency, worker)
-    SELECT u.uid, q.id, 'queued', u.priority, c.t + u.delay_ms, c.t, c.t, 0, COALESCE(u.max_attempts, q.max_attempts),
-        0, COALESCE(u.timeout_ms, q.timeout_ms), u.payload, u.size, '', '[]', NULL, NULL, ''
-    FROM json_to_recordset(%s::json)
-        AS u(o integer, uid text, priority integer, delay_ms bigint, max_attempts integer, timeout_ms bigint,
-             payload text, size integer)
-    CROSS JOIN q CROSS JOIN c CROSS JOIN cap
-    WHERE cap.active + %s <= %s
-    ORDER BY u.o
-    RETURNING 1
-),
-bump AS (
-    UPDATE {counter} SET enqueued = enqueued + %s, active = active + %s
-    WHERE id = (SELECT id FROM {counter} WHERE queue_id = (SELECT id FROM q) LIMIT 1 FOR UPDATE SKIP LOCKED)
-    AND EXISTS (SELECT 1 FROM ins)
-    RETURNING 1
-),
-shard AS (
-    INSERT INTO {counter} (queue_id, enqueued, active) SELECT id, %s, %s FROM q
-    WHERE NOT EXISTS (SELECT 1 FROM bump) AND EXISTS (SELECT 1 FROM ins)
-    RETURNING 1
-),
-wake AS (SELECT pg_notify(%s, %s) WHERE EXISTS (SELECT 1 FROM ins))
-SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM bump) + (SELECT count(*) FROM shard), (SELECT count(*) FROM wake),
-    (SELECT count(*) FROM q), (SELECT t FROM c)
-"""
-
-
-def _insert_plain_pg(conn, queue: str, items: list[_Item]) -> tuple[list[EnqueueResult] | None, bool]:
-    """PostgreSQL, items without token, unique key or ``at``: enqueue them in one statement.
+def _insert_plain(conn, queue: str, items: list[_Item]) -> tuple[list[EnqueueResult] | None, bool]:
+    """Items without token, unique key or ``at``: enqueue them in one statement (the store's).
 
     Returns ``(results, True)``; or, with nothing written, ``(None, False)``
     when the queue does not exist yet, ``(None, True)`` when the batch does not
     fit under ``FQ_MAX_JOBS_PER_QUEUE`` (the general path then raises
     :class:`QueueFull` with the numbers).
     """
-    n = len(items)
-    uids = [secrets.token_hex(16) for _ in items]
-    sql = _PLAIN_PG.format(queue=QUEUE, counter=COUNTER, job=JOB, now=db.now_sql(conn))
-    params = [
-        queue,
-        json.dumps(
-            [
-                {
-                    "o": i,
-                    "uid": uid,
-                    "priority": it.priority,
-                    "delay_ms": it.delay_ms or 0,
-                    "max_attempts": it.max_attempts,
-                    "timeout_ms": it.timeout_ms,
-                    "payload": it.payload,
-                    "size": it.size,
-                }
-                for i, (uid, it) in enumerate(zip(uids, items, strict=True))
-            ],
-            ensure_ascii=False,
-        ),
-        n,
-        int(conf.get("FQ_MAX_JOBS_PER_QUEUE")),
-        n,
-        n,
-        n,
-        n,
-        db.NOTIFY_CHANNEL,
-        queue,
-    ]
-    with db.hot_cursor(conn) as cur:
-        cur.execute(sql, params)
-        inserted, _, _, found, enqueued_at = cur.fetchone()
-    if inserted != n:
-        return None, bool(found)
-    return [EnqueueResult(uid, True, int(enqueued_at)) for uid in uids], True
+    return storage.for_connection(conn).enqueue_plain(
+        conn, queue, items, now=db.now_sql(conn), max_jobs=max_jobs_per_queue(), channel=db.NOTIFY_CHANNEL
+    )
 
 
-def _parse_item(index: int, raw, limit: int) -> _Item:
+def _through(chain, queue: str, index: int, raw):
+    """Envelope ``raw`` (item ``index``) with the metadata the enqueue middleware ``chain`` leaves."""
+    if not isinstance(raw, Mapping) or "payload" not in raw:
+        return raw  # _parse_item reports it
+    options = {k: v for k, v in raw.items() if k not in ("payload", "metadata") and v is not None}
+    try:
+        meta = middleware.run_enqueue_middleware(chain, queue, raw["payload"], raw.get("metadata"), options)
+    except EnqueueRefused as exc:
+        if exc.field is None:
+            exc.field = f"items[{index}]"
+        raise
+    return {**raw, "metadata": meta}
+
+
+def _parse_item(index: int, raw, limit: int, encode=None) -> _Item:
     try:
         if type(raw) is dict and len(raw) == 1 and "payload" in raw:
             # The common bulk envelope, {"payload": ...}: only the payload to check.
-            text, size = validation.json_text(raw["payload"], "payload", limit)
-            return _Item(text, size, 0, None, None, None, None, None, None, None)
+            text, size = validation.json_text(raw["payload"], "payload", limit, encode)
+            return _new_item(_Item, (text, size, *_NO_OPTIONS))
         prefix = f"items[{index}]."
         if not isinstance(raw, Mapping) or "payload" not in raw:
             raise InvalidArgument(f"{prefix}payload is required", field=f"{prefix}payload")
@@ -286,7 +268,7 @@ def _parse_item(index: int, raw, limit: int) -> _Item:
         if extra:
             name = sorted(map(str, extra))[0]
             raise InvalidArgument(f"unknown enqueue option: {name}", field=f"{prefix}{name}")
-        return parse_options(raw, limit)
+        return parse_options(raw, limit, encode)
     except InvalidArgument as exc:
         prefix = f"items[{index}]."
         if not str(exc.field).startswith(prefix):
@@ -296,12 +278,13 @@ def _parse_item(index: int, raw, limit: int) -> _Item:
         raise
 
 
-def parse_options(raw: Mapping, limit: int | None = None) -> _Item:
+def parse_options(raw: Mapping, limit: int | None = None, encode=None) -> _Item:
     """Validate one envelope; raise the first :class:`InvalidArgument` found.
 
-    ``limit``: the payload size limit in bytes (default ``FQ_MAX_PAYLOAD_BYTES``).
+    ``limit``: the payload size limit in bytes (default ``FQ_MAX_PAYLOAD_BYTES``);
+    ``encode``: the batch's :func:`validation.batch_encoder`, if any.
     """
-    text, size = validation.json_text(raw["payload"], "payload", limit)
+    text, size = validation.json_text(raw["payload"], "payload", limit, encode)
     delay, at = validation.schedule(raw.get("delay_ms"), raw.get("at"))
     prio = raw.get("priority")
     prio = 0 if prio is None else validation.integer(prio, "priority", validation.MIN_PRIORITY, validation.MAX_PRIORITY)
@@ -314,6 +297,8 @@ def parse_options(raw: Mapping, limit: int | None = None) -> _Item:
     timeout = raw.get("timeout_ms")
     if timeout is not None:
         validation.integer(timeout, "timeout_ms", *POLICY_BOUNDS["timeout_ms"])
+    meta = raw.get("metadata")
+    meta_text, tags = validation.metadata(meta) if meta is not None else (None, None)
     return _Item(
         payload=text,
         size=size,
@@ -325,6 +310,8 @@ def parse_options(raw: Mapping, limit: int | None = None) -> _Item:
         unique_key=validation.key(raw.get("unique_key"), "unique_key"),
         max_attempts=attempts,
         timeout_ms=timeout,
+        metadata=meta_text,
+        tags=tags,
     )
 
 
@@ -378,7 +365,7 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool, create: bool = 
         new.append(i)
 
     if new:
-        _check_capacity(conn, q.id, len(new))
+        check_queue_room(conn, q.id, jobs=len(new))
         _lock_keys(conn, q.id, {items[i].unique_key for i in new})
         created = _insert_jobs(conn, now, q.id, pol, items, uids, new)
         for i in new:
@@ -386,7 +373,7 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool, create: bool = 
                 continue
             # A concurrent enqueue committed an active job with this unique key first.
             key = items[i].unique_key
-            target = _active_keys(conn, q.id, {key}).get(key) if key is not None else None
+            target = _active_keys(conn, q.id, {key}, refused=True).get(key) if key is not None else None
             if target is None:
                 created |= _insert_jobs(conn, now, q.id, pol, items, uids, [i])
                 if uids[i] in created:
@@ -402,9 +389,9 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool, create: bool = 
             for j in range(len(items)):  # later items that followed this one
                 if j != i and results[j].id == uids[i]:
                     results[j] = EnqueueResult(target, False)
+    store = storage.for_connection(conn)
     for token, target in token_fixups.items():
-        with conn.cursor() as cur:
-            cur.execute(f"UPDATE {TOKEN} SET job_uid = %s WHERE queue_id = %s AND token = %s", [target, q.id, token])
+        store.point_token(conn, q.id, token, target)
 
     if new:  # the new jobs' enqueue times, as the database wrote them
         results = [EnqueueResult(r.id, True, created[r.id]) if r.created else r for r in results]
@@ -418,9 +405,7 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool, create: bool = 
 def _check_horizon(conn, now: str, items: list[_Item], batch: bool) -> None:
     """``at`` must lie within 10 years of the database's now (the error names the first item past it)."""
     latest = max(it.at for it in items if it.at is not None)
-    with conn.cursor() as cur:
-        cur.execute(f"SELECT {now} + %s", [validation.MAX_DELAY_MS])
-        horizon = cur.fetchone()[0]
+    horizon = storage.for_connection(conn).clock_plus(conn, now, validation.MAX_DELAY_MS)
     if latest > horizon:
         index = next(i for i, it in enumerate(items) if it.at is not None and it.at > horizon)
         field = f"items[{index}].at" if batch else "at"
@@ -432,112 +417,67 @@ def _claim_tokens(conn, now, queue_id, pol, items, uids, first_by_token) -> dict
     if not first_by_token:
         return {}
     tokens = sorted(first_by_token)  # a fixed order: concurrent batches cannot deadlock
-    marks = ", ".join(["%s"] * len(tokens))
-    with conn.cursor() as cur:
-        cur.execute(f"SELECT token FROM {TOKEN} WHERE queue_id = %s AND token IN ({marks})", [queue_id, *tokens])
-        existing = {r[0] for r in cur.fetchall()}
-    rows, params = [], []
-    for token in tokens:
-        it = items[first_by_token[token]]
-        rows.append("(%s, %s, %s, (SELECT t FROM c), (SELECT t FROM c) + %s)")
-        params += [queue_id, token, uids[first_by_token[token]], it.retention_ms or pol.idempotency_retention_ms]
-    with conn.cursor() as cur:
-        cur.execute(
-            f"WITH c AS (SELECT {now} AS t) "
-            f"INSERT INTO {TOKEN} (queue_id, token, job_uid, created_at, expires_at) VALUES {', '.join(rows)} "
-            f"ON CONFLICT (queue_id, token) DO UPDATE SET job_uid = excluded.job_uid, "
-            f"created_at = excluded.created_at, expires_at = excluded.expires_at "
-            f"WHERE {TOKEN}.expires_at <= excluded.created_at RETURNING token",
-            params,
-        )
-        owned = {r[0] for r in cur.fetchall()}
-        added = len(owned - existing)
-        if added:
-            limit = int(conf.get("FQ_MAX_TOKENS_PER_QUEUE"))
-            if counter_sums(conn, queue_id, ("token_rows",))["token_rows"] + added > limit:
-                raise QueueFull(
-                    f"queue full: {limit} idempotency tokens (FQ_MAX_TOKENS_PER_QUEUE)", field="idempotency"
-                )
-            add_counters(conn, queue_id, token_rows=added)
-        others = [t for t in tokens if t not in owned]
-        if not others:
-            return {}
-        marks = ", ".join(["%s"] * len(others))
-        cur.execute(f"SELECT token, job_uid FROM {TOKEN} WHERE queue_id = %s AND token IN ({marks})", [queue_id, *others])
-        return dict(cur.fetchall())
+    rows = [
+        (t, uids[first_by_token[t]], items[first_by_token[t]].retention_ms or pol.idempotency_retention_ms)
+        for t in tokens
+    ]
+    named, added = storage.for_connection(conn).take_tokens(conn, now=now, queue_id=queue_id, rows=rows)
+    if added:
+        check_queue_room(conn, queue_id, tokens=added)
+        add_counters(conn, queue_id, token_rows=added)
+    # A token names our job exactly when we wrote it (uids are unique); the others are live.
+    return {token: named[token] for token, uid, _ in rows if named[token] != uid}
 
 
-def _active_keys(conn, queue_id: int, keys: set) -> dict[str, str]:
-    """``{unique_key: uid}`` of the queue's scheduled/ready/running jobs holding one of ``keys``."""
+def _active_keys(conn, queue_id: int, keys: set, *, refused: bool = False) -> dict[str, str]:
+    """``{unique_key: uid}`` of the queue's scheduled/ready/running jobs holding one of ``keys``.
+
+    ``refused=True`` after an insert of ``keys`` was refused (a job holds them: see the store).
+    """
     wanted = sorted(k for k in keys if k is not None)
-    if not wanted:
-        return {}
-    marks = ", ".join(["%s"] * len(wanted))
-    with conn.cursor() as cur:
-        cur.execute(
-            f"SELECT unique_key, uid FROM {JOB} WHERE queue_id = %s AND state IN ('queued', 'running') "
-            f"AND unique_key IN ({marks})",
-            [queue_id, *wanted],
-        )
-        return dict(cur.fetchall())
+    return storage.for_connection(conn).active_jobs_by_key(conn, queue_id, wanted, refused=refused)
 
 
 def _lock_keys(conn, queue_id: int, keys: set) -> None:
-    """PostgreSQL: take the unique keys' transaction locks in sorted order before inserting.
+    """Take the unique keys' transaction locks in sorted order before inserting (where the store has them).
 
     Jobs are inserted in input order (their enqueue order), so two batches
     holding the same keys in opposite orders would wait on each other's
     index entries; locking the keys first, sorted, makes them queue up instead.
     """
-    ordered = sorted(k for k in keys if k is not None)
-    if len(ordered) < 2 or conn.vendor != "postgresql":
-        return
-    with conn.cursor() as cur:
-        cur.execute(
-            "SELECT pg_advisory_xact_lock(%s, hashtext(k)) FROM unnest(%s::text[]) AS k ORDER BY k",
-            [queue_id, ordered],
-        )
-
-
-def _check_capacity(conn, queue_id: int, adding: int) -> None:
-    """Raise :class:`QueueFull` if ``adding`` jobs would pass ``FQ_MAX_JOBS_PER_QUEUE`` active jobs."""
-    limit = int(conf.get("FQ_MAX_JOBS_PER_QUEUE"))
-    active = counter_sums(conn, queue_id, ("active",))["active"]
-    if active + adding > limit:
-        raise QueueFull(f"queue full: {active} of {limit} jobs active (FQ_MAX_JOBS_PER_QUEUE)", field="queue")
+    storage.for_connection(conn).lock_unique_keys(conn, queue_id, sorted(k for k in keys if k is not None))
 
 
 def _insert_jobs(conn, now, queue_id, pol, items, uids, indexes) -> dict[str, int]:
     """Insert the jobs of ``indexes``; return ``{uid: enqueued_at}`` of those inserted (unique-key conflicts skip)."""
+    store = storage.for_connection(conn)
     created: dict[str, int] = {}
     for start in range(0, len(indexes), _CHUNK):
-        rows, params = [], []
-        for i in indexes[start : start + _CHUNK]:
+        chunk = indexes[start : start + _CHUNK]
+        # Payloads above FQ_PAYLOAD_OFFLOAD_BYTES: the job row keeps the marker, the body its own row.
+        stored, bodies = payloads.split([(uids[i], items[i].payload, items[i].size) for i in chunk])
+        rows = []
+        for i, text in zip(chunk, stored, strict=True):
             it = items[i]
-            run_at = "%s" if it.at is not None else "(SELECT t FROM c) + %s"
             rows.append(
-                f"(%s, %s, 'queued', %s, {run_at}, (SELECT t FROM c), (SELECT t FROM c), 0, %s, 0, %s, %s, %s, "
-                f"'', '[]', %s, %s, '')"
+                (
+                    uids[i],
+                    it.priority,
+                    it.at,
+                    it.delay_ms or 0,
+                    it.max_attempts or pol.max_attempts,
+                    pol.timeout_ms if it.timeout_ms is None else it.timeout_ms,
+                    text,
+                    it.size,
+                    it.unique_key,
+                    it.token,
+                    it.metadata,
+                    it.tags,
+                )
             )
-            params += [
-                uids[i],
-                queue_id,
-                it.priority,
-                it.at if it.at is not None else (it.delay_ms or 0),
-                it.max_attempts or pol.max_attempts,
-                pol.timeout_ms if it.timeout_ms is None else it.timeout_ms,
-                it.payload,
-                it.size,
-                it.unique_key,
-                it.token,
-            ]
-        with conn.cursor() as cur:
-            cur.execute(
-                f"WITH c AS (SELECT {now} AS t) INSERT INTO {JOB} (uid, queue_id, state, priority, run_at, "
-                f"enqueued_at, changed_at, attempts, max_attempts, generation, timeout_ms, payload, payload_size, "
-                f"last_error, errors, unique_key, idempotency, worker) VALUES {', '.join(rows)} "
-                f"ON CONFLICT DO NOTHING RETURNING uid, enqueued_at",
-                params,
-            )
-            created.update((r[0], int(r[1])) for r in cur.fetchall())
+        inserted = store.insert_jobs(conn, now=now, queue_id=queue_id, rows=rows)
+        # Same transaction as the jobs: a job is never committed without its body. Only the
+        # inserted ones (a row skipped for its unique key has no job to belong to).
+        store.insert_bodies(conn, [b for b in bodies if b[0] in inserted])
+        created.update(inserted)
     return created

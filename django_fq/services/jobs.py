@@ -10,7 +10,7 @@ import time
 from django.db import IntegrityError, transaction
 from django.db.models import Case, F, Q, Value, When
 
-from .. import db, storage, validation
+from .. import db, payloads, storage, validation
 from ..exceptions import InvalidArgument, InvalidCursor, InvalidState, JobNotFound, WaitTimeout
 from ..models import Job, Lease
 from ..types import STATE_NAMES, TIMING_NAMES, TOTAL_NAMES, JobInfo, JobPage, JobState, QueueStats
@@ -20,7 +20,8 @@ from .queues import counts
 FINAL_STATES = frozenset({"succeeded", "dead", "cancelled"})
 _LIST_FIELDS = (
     "uid", "state", "priority", "run_at", "enqueued_at", "changed_at", "attempts", "max_attempts",
-    "timeout_ms", "unique_key", "idempotency", "last_error", "claimed_at", "finished_at", "worker",
+    "timeout_ms", "unique_key", "idempotency", "last_error", "claimed_at", "finished_at", "worker", "metadata", "tags",
+    "progress", "progress_message", "progress_at",
 )  # fmt: skip
 
 
@@ -60,8 +61,21 @@ def _info(row: dict, queue: str, *, full: bool) -> JobInfo:
         finished_at=row["finished_at"],
         lease_deadline=row["lease_deadline"],
         worker=row["worker"],
+        metadata=_metadata(row["metadata"]),
+        tags=row["tags"].strip("|").split("|") if row["tags"] else [],
+        progress=row["progress"],
+        progress_message=row["progress_message"],
+        progress_at=row["progress_at"],
         **extra,
     )
+
+
+def _metadata(text: str | None) -> dict:
+    """Stored metadata text as a dict (``{}`` when none; the stand-in of :func:`validation.stored_json` if unreadable)."""
+    if text is None:
+        return {}
+    value = validation.stored_json(text, "metadata")
+    return value if isinstance(value, dict) else {validation.UNREADABLE_KEY: "metadata is not a JSON object"}
 
 
 def _job_rows(queue_id: int):
@@ -84,6 +98,10 @@ def get(queue: str, job_id: str) -> JobInfo:
     rows = list(_job_rows(q.id).filter(uid=job_id).values(*_LIST_FIELDS, "reported", "lease_deadline", "payload", "result", "errors"))
     if not rows:
         raise job_not_found(queue, job_id)
+    if payloads.fill(db.connection(), rows) and not _job_rows(q.id).filter(uid=job_id).exists():
+        # The body is gone with its job (pruned, its queue deleted after the row was read). A job
+        # still there without its body (made dead for it) is shown with the stand-in payload.
+        raise job_not_found(queue, job_id)
     return _info(rows[0], queue, full=True)
 
 
@@ -100,7 +118,14 @@ _NEWEST_FIRST = (("changed_at", True), ("seq", True))
 FIRST_PAGE = "0"
 
 
-def jobs(queue: str, *, state: str | None = None, cursor: str | None = None, count: int = validation.DEFAULT_PAGE) -> JobPage:
+def jobs(
+    queue: str,
+    *,
+    state: str | None = None,
+    cursor: str | None = None,
+    count: int = validation.DEFAULT_PAGE,
+    tag: str | None = None,
+) -> JobPage:
     """One page of a queue's jobs (metadata only, no payloads).
 
     ``state`` (optional) is a reported state name. Order: ready jobs in claim
@@ -108,17 +133,24 @@ def jobs(queue: str, *, state: str | None = None, cursor: str | None = None, cou
     cancelled newest first by last transition; no state: newest enqueued
     first. ``cursor`` is the opaque ``next_cursor`` of the previous page;
     ``None`` or ``"0"`` is the first page (``"0"`` as with FQ.JOBS and Redis
-    SCAN). ``count`` is 1–1000 (default 20).
+    SCAN). ``count`` is 1–1000 (default 20). ``tag`` (optional, 1–64
+    characters from ``[A-Za-z0-9:._-]``) keeps the jobs whose metadata
+    ``"tags"`` hold it (exact, case-sensitive); a cursor of a tag-filtered
+    listing pages on with the same ``tag``.
 
-    Raises :class:`QueueNotFound`, :class:`InvalidArgument` (field ``state``),
+    Raises :class:`QueueNotFound`, :class:`InvalidArgument` (fields ``state``, ``tag``),
     :class:`InvalidCursor`, :class:`CountOutOfRange`.
     """
     q = get_queue(queue)
     if state is not None and state not in STATE_NAMES:
         raise InvalidArgument(f"state must be one of {', '.join(STATE_NAMES)}", field="state")
     validation.integer(count, "count", 1, validation.MAX_PAGE, validation.CountOutOfRange)
+    if tag is not None:
+        validation.tag(tag)
     order = _ORDERS.get(state, _NEWEST_FIRST)
     qs = _job_rows(q.id)
+    if tag is not None:
+        qs = storage.for_connection(db.connection()).filter_tag(qs, tag)
     if state is not None:
         qs = qs.filter(reported=state)
         if state in ("scheduled", "ready", "running"):
@@ -201,8 +233,11 @@ def retry(queue: str, job_id: str) -> JobInfo:
                     state="queued", attempts=0, run_at=db.DbNow(), changed_at=db.DbNow(), finished_at=None
                 )
         except IntegrityError:
-            holder = manager(Job).filter(queue_id=q.id, unique_key=job.unique_key, state__in=["queued", "running"])
-            other = holder.values_list("uid", flat=True).first()
+            # refused=True: the holder exists in the newest commit, which a caller's older
+            # snapshot may not show (the store then reads that commit).
+            key = job.unique_key
+            store = storage.for_connection(conn)
+            other = None if key is None else store.active_jobs_by_key(conn, q.id, [key], refused=True).get(key)
             raise InvalidState(
                 f"unique_key {job.unique_key!r} is held by active job {other}", field="job_id", holder=other
             ) from None
@@ -300,8 +335,16 @@ def _lock_job(queue_id: int, queue: str, job_id: object) -> Job:
 def _lock_lease_of(queue_id: int, job_id: object) -> Lease | None:
     if not validation.job_id(job_id):
         return None  # _lock_job raises JobNotFound
+    conn = db.connection()
+    if storage.for_connection(conn).supports_row_locks and not conn.features.has_select_for_update_of:
+        # FOR UPDATE without OF (MySQL) would lock the joined job row too, before _lock_job
+        # does: look the job up first, then lock only the lease row.
+        seq = manager(Job).filter(queue_id=queue_id, uid=job_id).values_list("seq", flat=True).first()
+        if seq is None:
+            return None
+        return manager(Lease).filter(queue_id=queue_id, job_id=seq).select_for_update().first()
     qs = manager(Lease).filter(queue_id=queue_id, job__uid=job_id)
-    if storage.for_connection(db.connection()).supports_row_locks:
+    if storage.for_connection(conn).supports_row_locks:
         qs = qs.select_for_update(of=("self",))
     return qs.first()
 

@@ -1,7 +1,11 @@
 """Lease verbs: claim, ack, nack, release, extend — and expiry handling.
 
-Locking rule (PostgreSQL): whoever changes a running job locks its lease row
-first and the job row second. The reaper, ack, nack, release, extend and
+What differs between the databases (the claim and ack statements, row locks,
+RETURNING) is in :mod:`django_fq.storage`; this module validates, composes
+receipts, recognises replays and decides retry or dead.
+
+Locking rule (where rows can be locked): whoever changes a running job locks
+its lease row first and the job row second. The reaper, ack, nack, release, extend and
 cancel all follow it, so they never deadlock each other, and exactly one of
 them wins a lease: the one that deletes the lease row.
 """
@@ -15,22 +19,23 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .. import db, receipts, validation, wakeup
+from .. import db, payloads, receipts, storage, validation, wakeup
 from ..conf import CLAIM_PAYLOAD_CAP_BYTES
 from ..exceptions import FqError, InvalidReceipt, QueueNotFound, ReceiptCancelled
-from ..models import Job
+from ..models import Job, Queue
+from ..storage.base import split_by_bytes
 from ..types import ClaimedJob, SettleResult
 from ._base import (
-    COUNTER,
     JOB,
     LEASE,
+    POLICY_FIELDS,
     QUEUE,
     add_counters,
-    append_history,
     backoff_ms,
-    fetch_dicts,
     get_queue,
     history_entry,
+    history_on_server,
+    history_value,
     load_json,
     manager,
     policy_of,
@@ -42,6 +47,9 @@ LONG_POLL_INTERVAL_S = 0.1
 CLAIM_REAP_BATCH = 100
 
 log = logging.getLogger("django_fq.services")
+
+#: Bytes an ack row adds to the statement besides its result: seq, receipt hash, settle digest, SQL text.
+_ACK_ROW_BYTES = 512
 
 
 # --- claim ---------------------------------------------------------------------------
@@ -109,7 +117,11 @@ def _claimed_payload(text) -> Any:
 
     A row nesting deeper than ``MAX_JSON_DEPTH`` (stored before the bound, or by
     raw SQL) is judged on its text, before decoding could exhaust the stack.
+    ``text`` is the body already when the payload was offloaded (:func:`_fill_bodies`);
+    the marker still there means the body was not found.
     """
+    if payloads.is_offloaded(text):
+        return _Undeliverable("payload body is missing from django_fq_payload")
     if isinstance(text, (str, bytes)) and validation.nests_deeper(text, validation.MAX_JSON_DEPTH):
         return _Undeliverable(validation.too_deep_message("payload"))
     try:
@@ -144,11 +156,20 @@ def _deliverable(queue: str, jobs: list[ClaimedJob]) -> list[ClaimedJob]:
 def _claim_round(queue: str, count: int, visibility_ms: int | None, worker: str) -> list[ClaimedJob]:
     """One attempt at claiming: expiry handling for the queue first, then the claim itself."""
     conn = db.connection()
-    if not db.is_postgres(conn):
-        q = get_queue(queue)
-        return db.retrying(_claim_once, q.id, queue, count, visibility_ms or q.visibility_ms, worker)
+    store = storage.for_connection(conn)
+    if not store.supports_one_statement_claim:
+        facts = store.claim_facts(conn, queue)
+        if facts is None:
+            q = get_queue(queue)
+            return db.retrying(_claim_once, q.id, queue, count, visibility_ms or q.visibility_ms, worker)
+        if not facts:
+            raise QueueNotFound(f"no such queue: {queue}", field="queue")
+        queue_id, default_vis, ready, expired = facts
+        if not ready and not expired:  # an idle poll ends here, without a transaction
+            return []
+        return db.retrying(_claim_once, queue_id, queue, count, visibility_ms or default_vis, worker, reap=expired)
     # The common case (no concurrency limit, nothing expired) is this one round trip.
-    jobs, facts = db.retrying(_claim_pg, queue, count, visibility_ms, worker, False, atomic=False)
+    jobs, facts = db.retrying(_claim_statement, queue, count, visibility_ms, worker, False, atomic=False)
     if facts is None:
         return jobs
     queue_id, concurrency, default_vis, expired = facts
@@ -157,102 +178,57 @@ def _claim_round(queue: str, count: int, visibility_ms: int | None, worker: str)
         return db.retrying(_claim_once, queue_id, queue, count, vis, worker, relaxed=db.relaxed_commit(conn))
     if expired:
         db.retrying(lambda: expire_leases(db.connection(), queue_id=queue_id, limit=CLAIM_REAP_BATCH))
-    jobs, facts = db.retrying(_claim_pg, queue, count, visibility_ms, worker, True, atomic=False)
+    jobs, facts = db.retrying(_claim_statement, queue, count, visibility_ms, worker, True, atomic=False)
     if facts is not None:  # a concurrency limit was set meanwhile: next round
         return []
     return jobs
 
 
-# The claim on PostgreSQL as one statement (autocommit makes it atomic): look the
-# queue up; if it has no concurrency limit and no expired lease to handle first
-# (``go``), lock up to n eligible jobs in claim order (FOR UPDATE SKIP LOCKED), keep
-# those within the payload cap, mark them running, write their leases and add to
-# the counters. Every row carries the queue's facts, so the caller can take the
-# slower path when ``go`` was empty; no row at all: no such queue.
-_CLAIM_PG = """
-WITH q AS (
-    SELECT id, concurrency, visibility_ms,
-        EXISTS (SELECT 1 FROM {lease} l WHERE l.queue_id = {queue}.id AND l.deadline <= {now}) AS expired
-    FROM {queue} WHERE name = %(name)s),
-go AS (
-    SELECT id, COALESCE(%(vis)s::bigint, visibility_ms) AS vis FROM q
-    WHERE concurrency = 0 AND (NOT expired OR %(after_reap)s::boolean)),
-c AS (SELECT {now} AS t{relax}),
-h AS (SELECT string_to_array(%(hashes)s, ',') AS a),
-picked AS (
-    SELECT seq, priority, payload_size FROM {job}
-    WHERE queue_id = (SELECT id FROM go) AND state = 'queued' AND run_at <= (SELECT t FROM c)
-    ORDER BY priority DESC, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED),
-ranked AS (
-    SELECT seq, ROW_NUMBER() OVER w AS rn, SUM(payload_size) OVER w AS cum
-    FROM picked WINDOW w AS (ORDER BY priority DESC, seq ROWS UNBOUNDED PRECEDING)),
-taken AS (
-    UPDATE {job} j SET state = 'running', attempts = j.attempts + 1, generation = j.generation + 1,
-        claimed_at = c.t, changed_at = c.t, worker = %(w)s
-    FROM ranked, c WHERE j.seq = ranked.seq AND ranked.cum <= %(cap)s
-    RETURNING j.seq, j.uid, j.payload, j.generation, j.attempts, j.max_attempts, j.priority,
-        j.enqueued_at, j.run_at, j.timeout_ms, j.claimed_at, ranked.rn),
-leases AS (
-    INSERT INTO {lease} (job_id, queue_id, generation, receipt_hash, claimed_at, deadline, timeout_at, worker)
-    SELECT seq, (SELECT id FROM go), generation, (SELECT a FROM h)[rn], claimed_at,
-        CASE WHEN timeout_ms > 0 THEN LEAST(claimed_at + (SELECT vis FROM go), claimed_at + timeout_ms)
-             ELSE claimed_at + (SELECT vis FROM go) END,
-        CASE WHEN timeout_ms > 0 THEN claimed_at + timeout_ms END, %(w)s
-    FROM taken),
-totals AS (
-    SELECT COUNT(*) AS k, COALESCE(SUM(GREATEST(0, claimed_at - GREATEST(enqueued_at, run_at))), 0) AS wait
-    FROM taken),
-shard AS (
-    UPDATE {counter} s SET claimed = s.claimed + totals.k, wait_ms_sum = s.wait_ms_sum + totals.wait,
-        wait_count = s.wait_count + totals.k
-    FROM totals WHERE totals.k > 0
-        AND s.id = (SELECT id FROM {counter} WHERE queue_id = (SELECT id FROM go) LIMIT 1 FOR UPDATE SKIP LOCKED)
-    RETURNING s.id),
-spare AS (
-    INSERT INTO {counter} (queue_id, claimed, wait_ms_sum, wait_count)
-    SELECT (SELECT id FROM go), k, wait, k FROM totals WHERE k > 0 AND NOT EXISTS (SELECT 1 FROM shard))
-SELECT q.id, q.concurrency, q.visibility_ms, q.expired, (SELECT vis FROM go), seq, uid, payload, generation,
-    attempts, max_attempts, priority, enqueued_at, timeout_ms, claimed_at, rn
-FROM q LEFT JOIN taken ON true
-"""
-
-
-def _claim_pg(
+def _claim_statement(
     queue: str, count: int, visibility_ms: int | None, worker: str, after_reap: bool
 ) -> tuple[list[ClaimedJob], tuple | None]:
-    """Run :data:`_CLAIM_PG`; return ``(jobs, None)``, or ``([], (id, concurrency, visibility_ms, expired))``
-    when the queue needs the slower path (a concurrency limit, or expired leases unless ``after_reap``).
+    """Run the store's one-statement claim (:meth:`~django_fq.storage.base.Store.claim_statement`).
 
-    Raises :class:`QueueNotFound`.
+    Returns ``(jobs, None)``, or ``([], (id, concurrency, visibility_ms, expired))``
+    when the queue needs the slower path (a concurrency limit, or expired
+    leases unless ``after_reap``). Raises :class:`QueueNotFound`.
     """
     conn = db.connection()
     pairs = receipts.new_secrets(count)
-    # Autocommit: this statement is its own transaction, and set_config(..., true)
-    # relaxes just that transaction's commit (see db.relaxed_commit).
-    relax = " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed" if db.relaxed_commit(conn) else ""
-    sql = _CLAIM_PG.format(now=db.now_sql(conn), relax=relax, queue=QUEUE, job=JOB, lease=LEASE, counter=COUNTER)
-    with db.hot_cursor(conn) as cur:
-        cur.execute(
-            sql,
-            {
-                "name": queue,
-                "after_reap": after_reap,
-                "n": count,
-                "w": worker,
-                "cap": CLAIM_PAYLOAD_CAP_BYTES,
-                "vis": visibility_ms,
-                "hashes": ",".join(digest for _, digest in pairs),  # hex: one text, not an array to encode
-            },
-        )
-        rows = cur.fetchall()
+    rows = storage.for_connection(conn).claim_statement(
+        conn,
+        queue_name=queue,
+        count=count,
+        visibility_ms=visibility_ms,
+        worker=worker,
+        after_reap=after_reap,
+        cap=CLAIM_PAYLOAD_CAP_BYTES,
+        hashes=[digest for _, digest in pairs],
+        relaxed=db.relaxed_commit(conn),
+    )
     if not rows:
         raise QueueNotFound(f"no such queue: {queue}", field="queue")
     queue_id, concurrency, default_vis, expired, vis = rows[0][:5]
     if vis is None:  # not claimed here: the caller takes the slower path
         return [], (queue_id, concurrency, default_vis, expired)
     rows = sorted((r[5:] for r in rows if r[5] is not None), key=lambda r: (-r[6], r[0]))
+    if any(payloads.is_offloaded(r[2]) for r in rows):
+        rows = _fill_bodies(conn, rows)
     jobs = []
-    for _seq, uid, payload, generation, attempts, max_attempts, priority, enqueued_at, timeout_ms, claimed, rn in rows:
+    for (
+        _seq,
+        uid,
+        payload,
+        generation,
+        attempts,
+        max_attempts,
+        priority,
+        enqueued_at,
+        timeout_ms,
+        claimed,
+        rn,
+        meta,
+    ) in rows:
         deadline = claimed + vis if not timeout_ms else min(claimed + vis, claimed + timeout_ms)
         jobs.append(
             ClaimedJob(
@@ -266,80 +242,57 @@ def _claim_pg(
                 priority=priority,
                 enqueued_at=enqueued_at,
                 claimed_at=claimed,
+                metadata=None if meta is None else validation.stored_json(meta, "metadata"),
             )
         )
     return jobs, None
 
 
-def _claim_once(queue_id: int, queue: str, count: int, vis: int, worker: str, relaxed: bool = False) -> list[ClaimedJob]:
+def _fill_bodies(conn, rows: list) -> list:
+    """Claim rows (tuples: uid at 1, payload at 2) with each offloaded payload replaced by its body.
+
+    One statement after the claim (docs/explanation/storage.md#large-payloads); the
+    bodies of running jobs are never deleted, and their size counted in the claim's cap.
+    """
+    found = [{"uid": r[1], "payload": r[2]} for r in rows]
+    payloads.fill(conn, found, latest=True)
+    return [(r[0], r[1], f["payload"], *r[3:]) for r, f in zip(rows, found, strict=True)]
+
+
+def _claim_once(
+    queue_id: int, queue: str, count: int, vis: int, worker: str, relaxed: bool = False, reap: bool = True
+) -> list[ClaimedJob]:
+    """Claim in the caller's transaction: expired leases of the queue first, then up to ``count`` jobs.
+
+    ``vis`` is the lease length (ms). ``reap=False``: the store's claim facts,
+    read just before, found no expired lease (Store.claim_facts). Raises :class:`QueueNotFound`.
+    """
     conn = db.connection()
     if relaxed:
         db.relax_commit(conn)
-    expire_leases(conn, queue_id=queue_id, limit=CLAIM_REAP_BATCH)
-    now = db.now_sql(conn)
+    if reap:
+        expire_leases(conn, queue_id=queue_id, limit=CLAIM_REAP_BATCH)
     with conn.cursor() as cur:
-        cur.execute(f"SELECT concurrency FROM {QUEUE} WHERE id = %s", [queue_id])
+        read = f"SELECT concurrency FROM {QUEUE} WHERE id = %s"
+        cur.execute(read, [queue_id])
         row = cur.fetchone()
+        store = storage.for_connection(conn)
+        if (row is None or row[0] == 0) and store.may_read_stale(conn):
+            # A caller's older snapshot may predate a configure() that set a limit (or the
+            # queue): read the newest commit. Shared, so other claims and enqueues of an
+            # unlimited queue pass; a limit read here (or in the snapshot) makes take_jobs
+            # lock the row for update and count the live leases.
+            cur.execute(f"{read}{store.fresh_read_sql(conn)}", [queue_id])
+            row = cur.fetchone()
         if row is None:
             raise QueueNotFound(f"no such queue: {queue}", field="queue")
-        concurrency = row[0]
-        returning = "seq, uid, payload, generation, attempts, max_attempts, priority, enqueued_at, run_at, timeout_ms, claimed_at"
-        if db.is_postgres(conn):
-            if concurrency > 0:
-                # Re-read the limit under the lock: a configure() that committed
-                # meanwhile must not be overruled by the value read above. NO KEY
-                # UPDATE still serializes claims and configure, but does not wait
-                # for enqueues, which hold the row FOR KEY SHARE until they commit.
-                cur.execute(f"SELECT concurrency FROM {QUEUE} WHERE id = %s FOR NO KEY UPDATE", [queue_id])
-                concurrency = cur.fetchone()[0]
-                if concurrency > 0:  # 0 now means unlimited
-                    cur.execute(f"SELECT COUNT(*) FROM {LEASE} WHERE queue_id = %s", [queue_id])
-                    count = min(count, concurrency - cur.fetchone()[0])
-                    if count <= 0:
-                        return []
-            picked = list(
-                manager(Job)
-                .filter(queue_id=queue_id, state="queued", run_at__lte=db.DbNow())
-                .order_by("-priority", "seq")
-                .select_for_update(skip_locked=True)
-                .values_list("seq", "payload_size")[:count]
-            )
-            seqs: list[int] = []
-            total = 0
-            for seq, size in picked:
-                if seqs and total + size > CLAIM_PAYLOAD_CAP_BYTES:
-                    break
-                seqs.append(seq)
-                total += size
-            if not seqs:
-                return []
-            marks = ", ".join(["%s"] * len(seqs))
-            cur.execute(
-                f"WITH c AS (SELECT {now} AS t) UPDATE {JOB} SET state = 'running', attempts = attempts + 1, "
-                f"generation = generation + 1, claimed_at = c.t, changed_at = c.t, worker = %s "
-                f"FROM c WHERE seq IN ({marks}) RETURNING {returning}",
-                [worker, *seqs],
-            )
-        else:
-            # One statement takes the write lock and the jobs at once, whatever
-            # the transaction mode, so two processes can never take one job.
-            limit, params = "%s", [count]
-            if concurrency > 0:
-                limit = f"MAX(0, MIN(%s, %s - (SELECT COUNT(*) FROM {LEASE} WHERE queue_id = %s)))"
-                params = [count, concurrency, queue_id]
-            cur.execute(
-                f"UPDATE {JOB} SET state = 'running', attempts = attempts + 1, generation = generation + 1, "
-                f"claimed_at = {now}, changed_at = {now}, worker = %s WHERE seq IN ("
-                f"SELECT seq FROM (SELECT seq, SUM(payload_size) OVER (ORDER BY priority DESC, seq "
-                f"ROWS UNBOUNDED PRECEDING) AS cum FROM (SELECT seq, priority, payload_size FROM {JOB} "
-                f"WHERE queue_id = %s AND state = 'queued' AND run_at <= {now} ORDER BY priority DESC, seq "
-                f"LIMIT {limit})) WHERE cum <= %s) RETURNING {returning}",
-                [worker, queue_id, *params, CLAIM_PAYLOAD_CAP_BYTES],
-            )
-        rows = fetch_dicts(cur)
+        rows = storage.for_connection(conn).take_jobs(
+            conn, queue_id=queue_id, count=count, concurrency=row[0], worker=worker, cap=CLAIM_PAYLOAD_CAP_BYTES
+        )
         if not rows:
             return []
         rows.sort(key=lambda r: (-r["priority"], r["seq"]))
+        payloads.fill(conn, rows, latest=True)  # no round trip unless some payload was offloaded
         jobs, leases, lease_params = [], [], []
         wait_sum = 0
         for r in rows:
@@ -362,6 +315,7 @@ def _claim_once(queue_id: int, queue: str, count: int, vis: int, worker: str, re
                     priority=r["priority"],
                     enqueued_at=r["enqueued_at"],
                     claimed_at=claimed,
+                    metadata=None if r["metadata"] is None else validation.stored_json(r["metadata"], "metadata"),
                 )
             )
         cur.execute(
@@ -416,8 +370,8 @@ def ack_many(queue: str, acks: Iterable[tuple[str, object]]) -> list[SettleResul
 
 def _ack(queue: str, items: list[tuple[str, str | None, str]]) -> list:
     """Settle ``(receipt, result_text, args_digest)`` items as succeeded, in one transaction."""
-    validation.queue_name(queue)  # the PostgreSQL statement takes the name as it is
-    if db.is_postgres():
+    validation.queue_name(queue)  # the one-statement ack takes the name as it is
+    if storage.for_connection(db.connection()).supports_one_statement_ack:
         results = db.retrying(_ack_matching_pg, queue, items, atomic=False)
         rest = [i for i, r in enumerate(results) if r is None]
         if rest:
@@ -437,7 +391,8 @@ def _ack_judged(queue: str, items: list[tuple[str, str | None, str]]) -> list:
 
     relaxed = db.relaxed_commit(db.connection())
 
-    def apply_pg_for(items):
+    def apply_locked_for(items):
+        # The store's one-statement ack under the lease locks taken here: it judges the deadlines.
         requests = [(r, "ack", args) for r, _, args in items]
         conn = db.connection()
         if relaxed:
@@ -445,17 +400,13 @@ def _ack_judged(queue: str, items: list[tuple[str, str | None, str]]) -> list:
         found = _locked_leases(conn, q.id, requests, judge=False)
         live = [(i, lease) for i, lease in enumerate(found) if isinstance(lease, dict)]
         if live:
-            with db.hot_cursor(conn) as cur:
-                cur.execute(
-                    _ACK_PG.format(now=db.now_sql(conn), job=JOB, lease=LEASE, counter=COUNTER),
-                    {
-                        "q": q.id,
-                        "seqs": [lease["job_id"] for _, lease in live],
-                        "results": [items[i][1] for i, _ in live],
-                        "args": [items[i][2] for i, _ in live],
-                    },
-                )
-                acked = {r[0] for r in cur.fetchall()}
+            acked = storage.for_connection(conn).ack_locked(
+                conn,
+                queue_id=q.id,
+                seqs=[lease["job_id"] for _, lease in live],
+                results=[items[i][1] for i, _ in live],
+                args=[items[i][2] for i, _ in live],
+            )
             for i, lease in live:
                 if lease["job_id"] not in acked:  # its deadline passed before the locks were granted
                     found[i] = InvalidReceipt("invalid or expired receipt: the lease has expired", field="receipt")
@@ -463,29 +414,27 @@ def _ack_judged(queue: str, items: list[tuple[str, str | None, str]]) -> list:
             SettleResult(id=lease["uid"], state="succeeded") if isinstance(lease, dict) else lease for lease in found
         ]
 
-    if db.is_postgres():
-        return db.retrying(apply_pg_for, items)
+    if storage.for_connection(db.connection()).supports_one_statement_ack:
+        return db.retrying(apply_locked_for, items)
 
     def apply():
         conn = db.connection()
+        if relaxed:
+            db.relax_commit(conn)
         found = _locked_leases(conn, q.id, requests)
         live = [(i, lease) for i, lease in enumerate(found) if isinstance(lease, dict)]
         if live:
             now = live[0][1]["now"]
             seqs = [lease["job_id"] for _, lease in live]
             marks = ", ".join(["%s"] * len(seqs))
-            rows = ", ".join(["(%s, %s, %s, %s)"] * len(live))
-            values = []
-            for i, lease in live:
-                values += [lease["job_id"], items[i][1], lease["receipt_hash"], items[i][2]]
             with conn.cursor() as cur:
                 cur.execute(f"DELETE FROM {LEASE} WHERE job_id IN ({marks})", seqs)
-                cur.execute(
-                    f"UPDATE {JOB} SET state = 'succeeded', result = v.column2, settled_hash = v.column3, "
-                    f"settled_args = v.column4, settled_op = 'ack', settled_outcome = '{_ACKED_JSON}', "
-                    f"finished_at = %s, changed_at = %s FROM (VALUES {rows}) AS v WHERE {JOB}.seq = v.column1",
-                    [now, now, *values],
-                )
+            store = storage.for_connection(conn)
+            acks = [(lease["job_id"], items[i][1], lease["receipt_hash"], items[i][2]) for i, lease in live]
+            # The results travel in the statement: as many UPDATEs as the store's statement size needs.
+            sizes = [_ACK_ROW_BYTES + 2 * len((a[1] or "").encode()) for a in acks]
+            for run in split_by_bytes(acks, sizes, store.statement_budget(conn)):
+                store.mark_acked(conn, now=now, acks=run)
             run_ms = sum(max(0, now - lease["claimed_at"]) for _, lease in live)
             add_counters(conn, q.id, acked=len(live), active=-len(live), run_ms_sum=run_ms, run_count=len(live))
         return [
@@ -505,9 +454,6 @@ def _replay_repeats(items: list[tuple[str, str | None, str]], results: list) -> 
         if j != i and isinstance(results[j], SettleResult) and type(results[i]) is InvalidReceipt:
             results[i] = SettleResult(id=results[j].id, state=results[j].state, run_at=results[j].run_at, replay=True)
     return results
-
-
-_ACKED_JSON = '{"state":"succeeded","run_at":null}'
 
 
 def _ack_matching_pg(queue: str, items: list[tuple[str, str | None, str]]) -> list:
@@ -533,89 +479,23 @@ def _ack_matching_pg(queue: str, items: list[tuple[str, str | None, str]]) -> li
     out: list = [None] * len(items)
     if not fast:
         return out
-    relax = ", (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed" if db.relaxed_commit(conn) else ""
-    sql = _ACK_MATCHING_PG.format(
-        now=db.now_sql(conn), relax=relax, queue=QUEUE, job=JOB, lease=LEASE, counter=COUNTER
+    acked = storage.for_connection(conn).ack_matching(
+        conn,
+        queue_name=queue,
+        # One JSON text: psycopg encodes it far faster than five arrays.
+        requests_json=json.dumps(
+            [
+                {"uid": k[0], "gen": k[1], "hash": k[2], "result": items[i][1], "args": items[i][2]}
+                for k, i in fast.items()
+            ],
+            ensure_ascii=False,
+        ),
+        relaxed=db.relaxed_commit(conn),
     )
-    with db.hot_cursor(conn) as cur:
-        cur.execute(
-            sql,
-            {
-                "queue": queue,
-                # One JSON text: psycopg encodes it far faster than five arrays.
-                "req": json.dumps(
-                    [
-                        {"uid": k[0], "gen": k[1], "hash": k[2], "result": items[i][1], "args": items[i][2]}
-                        for k, i in fast.items()
-                    ],
-                    ensure_ascii=False,
-                ),
-            },
-        )
-        acked = {r[0] for r in cur.fetchall()}
     for key, i in fast.items():
         if key[0] in acked:
             out[i] = SettleResult(id=key[0], state="succeeded")
     return out
-
-
-# What both ack statements do once ``v`` (seq, result, args: the leases to end,
-# locked) and ``c`` (now, read after the locks) are known: end the leases still
-# live, mark their jobs succeeded, add to the queue's counters (queue id: ``q``).
-_ACK_TAIL = (
-    """
-gone AS (
-    DELETE FROM {lease} l USING v, c WHERE l.job_id = v.seq AND l.deadline > c.t
-    RETURNING l.job_id, l.claimed_at, l.receipt_hash),
-done AS (
-    UPDATE {job} j SET state = 'succeeded', result = v.result, settled_hash = gone.receipt_hash,
-        settled_args = v.args, settled_op = 'ack', settled_outcome = '"""
-    + _ACKED_JSON.replace("{", "{{").replace("}", "}}")
-    + """',
-        finished_at = c.t, changed_at = c.t
-    FROM gone JOIN v ON v.seq = gone.job_id CROSS JOIN c WHERE j.seq = gone.job_id),
-totals AS (SELECT COUNT(*) AS k, COALESCE(SUM(GREATEST(0, c.t - gone.claimed_at)), 0) AS run FROM gone, c),
-shard AS (
-    UPDATE {counter} s SET acked = s.acked + totals.k, active = s.active - totals.k,
-        run_ms_sum = s.run_ms_sum + totals.run, run_count = s.run_count + totals.k
-    FROM totals WHERE totals.k > 0
-        AND s.id = (SELECT id FROM {counter} WHERE queue_id = (SELECT id FROM q) LIMIT 1 FOR UPDATE SKIP LOCKED)
-    RETURNING s.id),
-spare AS (
-    INSERT INTO {counter} (queue_id, acked, active, run_ms_sum, run_count)
-    SELECT (SELECT id FROM q), k, -k, run, k FROM totals WHERE k > 0 AND NOT EXISTS (SELECT 1 FROM shard))
-"""
-)
-
-# The common ack on PostgreSQL as one statement: lock the leases the receipts
-# name (in job order), read the clock once the locks are held, then the tail.
-_ACK_MATCHING_PG = (
-    """
-WITH q AS (SELECT id FROM {queue} WHERE name = %(queue)s),
-r AS (SELECT * FROM json_to_recordset(%(req)s::json) AS r(uid text, gen bigint, hash text, result text, args text)),
-v AS (
-    SELECT l.job_id AS seq, r.uid, r.result, r.args
-    FROM r JOIN {job} j ON j.uid = r.uid JOIN {lease} l ON l.job_id = j.seq
-    WHERE l.queue_id = (SELECT id FROM q) AND l.generation = r.gen AND l.receipt_hash = r.hash
-    ORDER BY l.job_id FOR UPDATE OF l),
-c AS (SELECT {now} AS t FROM (SELECT COUNT(*) FROM v) AS after_locks{relax}),"""
-    + _ACK_TAIL
-    + """SELECT v.uid FROM gone JOIN v ON v.seq = gone.job_id
-"""
-)
-
-# Ack on PostgreSQL in one statement, under the lease locks the transaction
-# already holds: end the leases still live now, mark their jobs succeeded,
-# add to the counters. Returns the jobs acked.
-_ACK_PG = (
-    """
-WITH q AS (SELECT %(q)s::bigint AS id),
-c AS (SELECT {now} AS t),
-v AS (SELECT * FROM unnest(%(seqs)s::bigint[], %(results)s::text[], %(args)s::text[]) AS v(seq, result, args)),"""
-    + _ACK_TAIL
-    + """SELECT job_id FROM gone
-"""
-)
 
 
 def nack(
@@ -668,16 +548,24 @@ def nack(
     return db.retrying(apply)
 
 
-def release(queue: str, receipt: str, *, error: str | None = None) -> SettleResult:
-    """End the lease and make the job ready again now, giving the attempt back.
+def release(queue: str, receipt: str, *, error: str | None = None, delay_ms: int | None = None) -> SettleResult:
+    """End the lease and make the job eligible again, giving the attempt back.
 
-    Used by a worker shutting down: the job's attempts go down by one, a
-    history entry (``error``, default "released") and a ``released`` total are
-    recorded. Raises :class:`InvalidReceipt`, :class:`ReceiptCancelled`.
+    ``delay_ms`` ``None`` (a worker shutting down): the job is ready now, and
+    its history gets an entry of kind ``release`` (text ``error``, default
+    "released"). ``delay_ms`` 0 – 30 days (a snooze, see
+    :class:`~django_fq.Snooze`): the job is scheduled that long after now
+    (database clock), and the entry's kind is ``snooze`` (default text
+    "snoozed"). Either way the job's attempts go down by one and the
+    ``released`` total goes up. Raises :class:`InvalidReceipt`,
+    :class:`ReceiptCancelled`, :class:`InvalidDelay` (field ``delay_ms``).
     """
-    message = validation.error_text(error) or "released"
+    if delay_ms is not None:
+        validation.integer(delay_ms, "delay_ms", 0, validation.MAX_NACK_DELAY_MS, validation.InvalidDelay)
+    kind = "release" if delay_ms is None else "snooze"
+    message = validation.error_text(error) or ("released" if delay_ms is None else "snoozed")
     q = get_queue(queue)
-    args = settle_digest("release", message)
+    args = settle_digest("release", message) if delay_ms is None else settle_digest("release", message, delay_ms)
 
     relaxed = db.relaxed_commit(db.connection())
 
@@ -689,16 +577,20 @@ def release(queue: str, receipt: str, *, error: str | None = None) -> SettleResu
         if isinstance(lease, SettleResult):
             return lease
         now = lease["now"]
+        run_at = now + (delay_ms or 0)
         _end_lease(conn, lease)
-        job = manager(Job).only("attempts", "errors").get(seq=lease["job_id"])
-        outcome = {"state": "ready", "run_at": now}
+        history = () if history_on_server(conn) else ("errors",)
+        job = _fresh_job(conn, lease["job_id"], "attempts", *history, policy=False)
+        outcome = {"state": "scheduled" if run_at > now else "ready", "run_at": run_at}
         manager(Job).filter(seq=lease["job_id"]).update(
             state="queued",
-            run_at=now,
+            run_at=run_at,
             changed_at=now,
             attempts=max(0, job.attempts - 1),
             last_error=message,
-            errors=append_history(job.errors, history_entry(now, job.attempts, "release", message, lease["worker"])),
+            errors=history_value(
+                conn, job.errors if history else None, history_entry(now, job.attempts, kind, message, lease["worker"])
+            ),
             settled_hash=lease["receipt_hash"],
             settled_op="release",
             settled_args=args,
@@ -737,6 +629,48 @@ def extend(queue: str, receipt: str, *, visibility_ms: int) -> int:
     return db.retrying(apply)
 
 
+def report_progress(queue: str, receipt: str, progress: float, message: str | None = "") -> None:
+    """Store the progress of the running job ``receipt`` names: a percentage and a short message.
+
+    ``progress`` is a finite number from 0 to 100; ``message`` at most 200
+    characters without NUL (``""`` by default; ``None`` is ``""``). The job's ``progress``,
+    ``progress_message`` and ``progress_at`` (epoch ms, database clock) are
+    written only while this receipt's lease is live, so a run that lost its
+    lease never overwrites the next run's report. One ``UPDATE`` (one round
+    trip) per call: each call writes, and throttling is the caller's (the
+    worker's :meth:`JobContext.progress <django_fq.worker.JobContext.progress>`
+    writes at most once a second per job; docs/how-to/progress.md).
+
+    Raises :class:`InvalidArgument` (field ``progress`` or ``message``),
+    :class:`QueueNotFound`, :class:`InvalidReceipt` (not a receipt of this
+    queue's running job, or its lease expired), :class:`ReceiptCancelled`;
+    nothing is written then.
+    """
+    value, text = validation.progress(progress, message)
+    validation.queue_name(queue)
+    parsed = receipts.parse(receipt)
+    if parsed is None:
+        raise InvalidReceipt(field="receipt")
+    conn = db.connection()
+    store = storage.for_connection(conn)
+    written = db.retrying(
+        store.write_progress,
+        conn,
+        now=db.now_sql(conn),
+        queue_name=queue,
+        uid=parsed.job_id,
+        generation=parsed.generation,
+        receipt_hash=parsed.secret_hash,
+        progress=value,
+        message=text,
+        atomic=False,
+    )
+    if not written:
+        # Refused: say why (off the write path: only a refused report pays for these reads).
+        q = get_queue(queue)
+        raise _replay_or_error(conn, q.id, parsed, "progress", None)
+
+
 def _locked_lease(conn, queue_id: int, receipt: str, op: str, args: str | None = None):
     """Find and lock the live lease ``receipt`` names, or answer a replay, or raise.
 
@@ -756,30 +690,15 @@ def _locked_leases(conn, queue_id: int, requests: Sequence[tuple[str, str, str |
     Returns per request: the locked live lease row (a dict), a replay
     :class:`SettleResult`, or the :class:`InvalidReceipt` to raise. Leases are
     locked in job order, so concurrent batches cannot deadlock. With
-    ``judge=False`` (PostgreSQL only) the deadline is not checked here: the
+    ``judge=False`` (only where the store has the one-statement ack) the deadline is not checked here: the
     caller's next statement must check it, under the locks taken here.
     """
     parsed = [receipts.parse(r) for r, _, _ in requests]
     uids = sorted({p.job_id for p in parsed if p is not None})
     rows: dict[str, dict] = {}
     if uids:
-        now = db.now_sql(conn)
-        columns = "l.job_id, l.generation, l.receipt_hash, l.claimed_at, l.deadline, l.timeout_at, l.worker, j.uid"
-        match = f"FROM {LEASE} l JOIN {JOB} j ON j.seq = l.job_id WHERE l.queue_id = %s AND j.uid = ANY(%s)"
-        with db.hot_cursor(conn) as cur:
-            if db.is_postgres(conn):
-                # Lock first, then judge the deadline: a verdict computed while
-                # waiting for the lock would be stale once the lock is granted.
-                locking = f"SELECT {columns if not judge else 'l.job_id'} {match} ORDER BY l.job_id FOR UPDATE OF l"
-                cur.execute(locking, [queue_id, uids])
-            else:
-                match = match.replace("= ANY(%s)", f"IN ({', '.join(['%s'] * len(uids))})")
-            if judge:
-                cur.execute(
-                    f"SELECT {columns}, CASE WHEN l.deadline > {now} THEN 1 ELSE 0 END AS live, {now} AS now {match}",
-                    [queue_id, uids] if db.is_postgres(conn) else [queue_id, *uids],
-                )
-            rows = {r["uid"]: {"live": 1, **r} for r in fetch_dicts(cur)}
+        found = storage.for_connection(conn).lock_leases(conn, queue_id, uids, judge=judge)
+        rows = {r["uid"]: {"live": 1, **r} for r in found}
     out: list = []
     taken: set[str] = set()
     for p, (_, op, args) in zip(parsed, requests, strict=True):
@@ -829,14 +748,20 @@ def _replay_or_error(conn, queue_id: int, parsed, op: str, args: str | None):
     held. A receipt naming another generation is not a repeat, even with the
     right secret (its generation was edited): it is invalid.
     """
+    store = storage.for_connection(conn)
+    sql = (
+        f"SELECT j.settled_hash, j.settled_op, j.settled_args, j.settled_outcome, j.generation - CASE WHEN "
+        f"EXISTS (SELECT 1 FROM {LEASE} l WHERE l.job_id = j.seq) THEN 1 ELSE 0 END "
+        f"FROM {JOB} j WHERE j.uid = %s AND j.queue_id = %s"
+    )
     with conn.cursor() as cur:
-        cur.execute(
-            f"SELECT j.settled_hash, j.settled_op, j.settled_args, j.settled_outcome, j.generation - CASE WHEN "
-            f"EXISTS (SELECT 1 FROM {LEASE} l WHERE l.job_id = j.seq) THEN 1 ELSE 0 END "
-            f"FROM {JOB} j WHERE j.uid = %s AND j.queue_id = %s",
-            [parsed.job_id, queue_id],
-        )
+        cur.execute(sql, [parsed.job_id, queue_id])
         row = cur.fetchone()
+        if (row is None or row[4] < parsed.generation) and store.may_read_stale(conn):
+            # No settle of this receipt's lease recorded yet: in a caller's snapshot older than
+            # the claim or the settle, read the newest commit (a locking read, on this miss only).
+            cur.execute(f"{sql}{store.fresh_read_sql(conn)}", [parsed.job_id, queue_id])
+            row = cur.fetchone()
     if row and row[4] == parsed.generation and receipts.matches(row[0], parsed.secret_hash):
         if row[1] == "cancel":
             return ReceiptCancelled(field="receipt")
@@ -849,6 +774,28 @@ def _replay_or_error(conn, queue_id: int, parsed, op: str, args: str | None):
 def _end_lease(conn, lease: dict) -> None:
     with conn.cursor() as cur:
         cur.execute(f"DELETE FROM {LEASE} WHERE job_id = %s", [lease["job_id"]])
+
+
+def _fresh_job(conn, seq: int, *fields: str, policy: bool = True) -> Job:
+    """Job ``seq`` with ``fields`` as last committed (plus its queue's backoff policy with ``policy``).
+
+    The job is written next by the caller. In a caller's transaction whose
+    snapshot may be older (:meth:`~django_fq.storage.base.Store.may_read_stale`),
+    a plain read would judge attempts and history from before the claims and
+    failures committed since: the row is then read ``FOR UPDATE`` (the newest
+    commit), alone, since a locking read over the join would lock the queue row
+    too; the policy is then a plain read of its own. Raises ``Job.DoesNotExist``.
+    """
+    if not storage.for_connection(conn).may_read_stale(conn):
+        if not policy:
+            return manager(Job).only(*fields).get(seq=seq)
+        # Every policy field: policy_of() reads them all, and each deferred one would be a query.
+        related = ("queue__id", *(f"queue__{f}" for f in POLICY_FIELDS))
+        return manager(Job).select_related("queue").only(*fields, *related).get(seq=seq)
+    job = manager(Job).select_for_update().only(*fields, "queue_id").get(seq=seq)
+    if policy:
+        job.queue = manager(Queue).only("id", *POLICY_FIELDS).get(id=job.queue_id)
+    return job
 
 
 def fail_attempt(
@@ -870,15 +817,16 @@ def fail_attempt(
     or the backoff). Records history, last error, settle data and counters.
     Returns the outcome ``{"state", "run_at"}``.
     """
-    job = manager(Job).select_related("queue").only(
-        "attempts", "max_attempts", "errors", "queue__backoff_ms", "queue__max_backoff_ms", "queue__id"
-    ).get(seq=lease["job_id"])
+    # The history is not read where the store appends to it in the database.
+    history = () if history_on_server(conn) else ("errors",)
+    job = _fresh_job(conn, lease["job_id"], "attempts", "max_attempts", *history)
     dead = permanent or job.attempts >= job.max_attempts
     now = lease["now"]
+    entry = history_entry(now, job.attempts, kind, error, lease.get("worker", ""))
     changes = {
         "changed_at": now,
         "last_error": error,
-        "errors": append_history(job.errors, history_entry(now, job.attempts, kind, error, lease.get("worker", ""))),
+        "errors": history_value(conn, job.errors if history else None, entry),
         "settled_hash": lease["receipt_hash"],
         "settled_op": settled_op,
     }
@@ -910,18 +858,7 @@ def expire_leases(conn, *, queue_id: int | None = None, limit: int = 1000) -> tu
     backoff counted from the lease deadline. Leases locked by a concurrent
     settle are skipped (that settle decides). Returns ``(expired, timed_out, dead)``.
     """
-    now = db.now_sql(conn)
-    where = "queue_id = %s AND " if queue_id is not None else ""
-    params = [queue_id] if queue_id is not None else []
-    skip = " FOR UPDATE SKIP LOCKED" if db.is_postgres(conn) else ""
-    with conn.cursor() as cur:
-        cur.execute(
-            f"DELETE FROM {LEASE} WHERE job_id IN (SELECT job_id FROM {LEASE} WHERE {where}deadline <= {now} "
-            f"ORDER BY deadline LIMIT %s{skip}) RETURNING job_id, queue_id, generation, receipt_hash, claimed_at, "
-            f"deadline, timeout_at, worker, {now} AS now",
-            [*params, limit],
-        )
-        ended = fetch_dicts(cur)
+    ended = storage.for_connection(conn).end_expired_leases(conn, queue_id=queue_id, limit=limit)
     expired = timed_out = dead = 0
     for lease in ended:
         timeout = lease["timeout_at"] is not None and lease["deadline"] >= lease["timeout_at"]

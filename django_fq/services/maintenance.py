@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import conf, db, storage, validation
 from ..types import PruneResult, ReapResult
-from ._base import COUNTER, COUNTER_NAMES, JOB, TOKEN, add_counters, get_queue
+from ._base import COUNTER_NAMES, add_counters, get_queue
 from .leases import expire_leases
 
 #: Rows handled per transaction by reap and prune, so no pass holds locks for long.
@@ -48,40 +48,24 @@ def prune(*, retention_ms: int | None = None, limit: int = 100_000) -> PruneResu
     validation.integer(limit, "limit", 1, 10**9)
     conn = db.connection()
     now = db.now_sql(conn)
-    lock = storage.for_connection(conn).skip_locked_sql
+    store = storage.for_connection(conn)
 
-    def batch(sql, params):
-        def run():
-            with db.connection().cursor() as cur:
-                cur.execute(sql, params)
-                return cur.rowcount
-
-        return db.retrying(run)
-
-    jobs = tokens = 0
-    job_sql = (
-        f"DELETE FROM {JOB} WHERE seq IN (SELECT seq FROM {JOB} WHERE state IN ('succeeded', 'cancelled') "
-        f"AND finished_at <= {now} - %s LIMIT %s{lock})"
-    )
-    while jobs < limit:
-        n = batch(job_sql, [int(retention), min(BATCH, limit - jobs)])
-        jobs += n
-        if n < BATCH:
-            break
-    token_sql = (
-        f"DELETE FROM {TOKEN} WHERE id IN (SELECT id FROM {TOKEN} WHERE expires_at <= {now} LIMIT %s{lock}) "
-        f"RETURNING queue_id"
-    )
+    def job_batch(size):
+        return store.prune_jobs(db.connection(), now=now, retention_ms=int(retention), limit=size)
 
     def token_batch(size):
         conn = db.connection()
-        with conn.cursor() as cur:
-            cur.execute(token_sql, [size])
-            gone = [r[0] for r in cur.fetchall()]
+        gone = store.prune_tokens(conn, now=now, limit=size)
         for queue_id in set(gone):
             add_counters(conn, queue_id, token_rows=-gone.count(queue_id))
         return len(gone)
 
+    jobs = tokens = 0
+    while jobs < limit:
+        n = db.retrying(job_batch, min(BATCH, limit - jobs))
+        jobs += n
+        if n < BATCH:
+            break
     while tokens < limit:
         n = db.retrying(token_batch, min(BATCH, limit - tokens))
         tokens += n
@@ -97,27 +81,13 @@ def fold_counters() -> int:
     Shards held by a running transaction are skipped (PostgreSQL ``SKIP
     LOCKED``), so this never waits; totals are unchanged by a fold.
     """
-    names = COUNTER_NAMES
+    conn = db.connection()
+    store = storage.for_connection(conn)
     removed = 0
-    with db.connection().cursor() as cur:
-        cur.execute(f"SELECT queue_id FROM {COUNTER} GROUP BY queue_id HAVING COUNT(*) > 1")
-        queue_ids = [r[0] for r in cur.fetchall()]
-    skip = storage.for_connection(db.connection()).skip_locked_sql
-    cols = ", ".join(names)
+    queue_ids = store.queues_with_shards(conn)
 
     def fold(queue_id):
-        with db.connection().cursor() as cur:
-            cur.execute(f"SELECT id, {cols} FROM {COUNTER} WHERE queue_id = %s ORDER BY id{skip}", [queue_id])
-            rows = cur.fetchall()
-            if len(rows) < 2:
-                return 0
-            keep, rest = rows[0], rows[1:]
-            sums = [sum(r[i] for r in rows) for i in range(1, len(names) + 1)]
-            sets = ", ".join(f"{n} = %s" for n in names)
-            cur.execute(f"UPDATE {COUNTER} SET {sets} WHERE id = %s", [*sums, keep[0]])
-            marks = ", ".join(["%s"] * len(rest))
-            cur.execute(f"DELETE FROM {COUNTER} WHERE id IN ({marks})", [r[0] for r in rest])
-            return len(rest)
+        return store.fold_shards(db.connection(), queue_id, COUNTER_NAMES)
 
     for queue_id in queue_ids:
         removed += db.retrying(fold, queue_id)

@@ -6,13 +6,10 @@ from .. import db, storage, validation
 from ..exceptions import InvalidPolicy
 from ..types import STATE_NAMES, QueueInfo, QueuePolicy
 from ._base import (
-    COUNTER,
     JOB,
-    LEASE,
     POLICY_FIELDS,
     QUEUE,
     REPORTED_STATE_SQL,
-    TOKEN,
     get_or_create_queue,
     get_queue,
     policy_of,
@@ -92,13 +89,9 @@ def delete_queue(queue: str) -> None:
         q = get_queue(queue)
         # Enqueues hold the queue row FOR KEY SHARE until they commit: wait for
         # them, and stop new ones, so the DELETE below sees every job.
-        storage.for_connection(conn).lock_queue_row(conn, QUEUE, q.id, exclusive=True)
-        with conn.cursor() as cur:
-            # Jobs first: a claim in flight holds some job rows, so this waits for it to
-            # commit, and the leases it wrote are then seen (and deleted) by the next statement.
-            for table in (JOB, LEASE, TOKEN, COUNTER):
-                cur.execute(f"DELETE FROM {table} WHERE queue_id = %s", [q.id])
-            cur.execute(f"DELETE FROM {QUEUE} WHERE id = %s", [q.id])
+        store = storage.for_connection(conn)
+        store.lock_queue_row(conn, QUEUE, q.id, exclusive=True)
+        store.delete_queue_rows(conn, q.id)
 
     db.retrying(apply)
 

@@ -13,15 +13,21 @@ import threading
 from typing import Any
 
 from django.db import connections
+from django.db.backends.signals import connection_created
 
 from .base import Store
+from .mysql import MysqlStore
 from .postgres import PostgresStore
 from .sqlite import SqliteStore
 
-__all__ = ["PostgresStore", "SqliteStore", "Store", "find", "for_connection", "get", "is_postgres"]
+__all__ = ["MysqlStore", "PostgresStore", "SqliteStore", "Store", "find", "for_connection", "get", "is_driver_error", "unavailable"]
 
 #: The store class of each Django ``connection.vendor`` django-fq supports.
-BACKENDS: dict[str, type[Store]] = {PostgresStore.vendor: PostgresStore, SqliteStore.vendor: SqliteStore}
+BACKENDS: dict[str, type[Store]] = {
+    PostgresStore.vendor: PostgresStore,
+    SqliteStore.vendor: SqliteStore,
+    MysqlStore.vendor: MysqlStore,
+}
 
 _stores: dict[tuple[str, str], Store] = {}
 _lock = threading.Lock()
@@ -33,7 +39,7 @@ def for_connection(conn: Any) -> Store:
     Keyed by alias and vendor, so a test that points an alias at another
     backend gets the right store. A vendor django-fq has no store for is
     served by the SQLite store, as every branch did before the storage layer
-    (django-fq supports PostgreSQL and SQLite only).
+    (django-fq supports PostgreSQL, SQLite and MariaDB/MySQL only).
     """
     # The claim and ack paths ask several times per job: the wrapper (one per thread and
     # alias) keeps its store, so that costs one attribute read.
@@ -64,6 +70,33 @@ def get(alias: str) -> Store:
     return for_connection(connections[alias])
 
 
-def is_postgres(conn: Any) -> bool:
-    """True when ``conn`` is PostgreSQL. For code not yet moved into this package (issue 13); new code reads a flag."""
-    return conn.vendor == PostgresStore.vendor
+def _prepare_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """``connection_created``: let the store set up each new connection of django-fq's alias.
+
+    Only ``FQ_DATABASE``: the other databases of a site keep their sessions as
+    the site set them (docs/explanation/storage.md).
+    """
+    from .. import conf
+
+    if connection.alias != conf.database():
+        return
+    store = find(connection)
+    if store is not None:
+        store.prepare_connection(connection)
+
+
+connection_created.connect(_prepare_connection, dispatch_uid="django_fq.storage.prepare_connection")
+
+
+def is_driver_error(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by the DB-API driver of any backend django-fq has a store for."""
+    return any(cls.is_driver_error(exc) for cls in BACKENDS.values())
+
+
+def unavailable(cause: BaseException) -> bool:
+    """Whether driver exception ``cause`` says its database cannot serve now (see ``Store.is_unavailable``).
+
+    Asks every backend's store class, so an error of any of a site's
+    databases is judged by its own backend's rules.
+    """
+    return any(cls.is_unavailable(cause) for cls in BACKENDS.values())

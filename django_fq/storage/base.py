@@ -10,7 +10,7 @@ Django's connections are per thread, so every method takes the connection
 the caller is using.
 
 Issue 13 moves the rest of the vendor branches here step by step; the claim
-and ack statements (services/leases.py) come last, whole.
+and ack statements of services/leases.py are here (the PostgreSQL ones whole).
 """
 
 from __future__ import annotations
@@ -18,7 +18,105 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
+
+#: django-fq's tables (its models' ``Meta.db_table``, written out: the stores run before apps load;
+#: tests/storage/test_conformance_leases.py checks that they agree).
+QUEUE_TABLE = "django_fq_queue"
+JOB_TABLE = "django_fq_job"
+LEASE_TABLE = "django_fq_lease"
+COUNTER_TABLE = "django_fq_counter"
+TOKEN_TABLE = "django_fq_token"
+#: Bodies of large payloads, kept out of the job row (``JobPayload``; docs/explanation/storage.md#large-payloads).
+PAYLOAD_TABLE = "django_fq_payload"
+#: What a job row's ``payload`` column holds when its body is in :data:`PAYLOAD_TABLE`: no JSON
+#: text is empty, so the marker cannot be mistaken for a payload (``payload_size`` keeps the body's size).
+OFFLOADED = ""
+#: ``(queue, job, lease, counter)``.
+TABLES = (QUEUE_TABLE, JOB_TABLE, LEASE_TABLE, COUNTER_TABLE)
+
+#: The columns :meth:`Store.take_jobs` returns per claimed job.
+TAKEN_COLUMNS = (
+    "seq", "uid", "payload", "generation", "attempts", "max_attempts", "priority", "enqueued_at", "run_at",
+    "timeout_ms", "claimed_at", "metadata",
+)
+def full_row(row: Sequence[Any]) -> tuple:
+    """A row of :attr:`Store.JOB_ROW`; one of the older 10 columns (no ``metadata``, ``tags``) gets ``None`` for them."""
+    return tuple(row) if len(row) == 12 else (*row, None, None)
+#: The assignments a claim's job ``UPDATE`` adds: a new attempt starts without progress
+#: (docs/how-to/progress.md). Folded into that statement, it costs the claim no round trip.
+CLEAR_PROGRESS_SQL = "progress = NULL, progress_message = '', progress_at = NULL"
+
+
+def fetch_dicts(cur: Any) -> list[dict]:
+    """All rows of ``cur`` as dicts keyed by column name."""
+    names = [c[0] for c in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def within_cap(picked: Sequence[tuple[int, int]], cap: int) -> list[int]:
+    """The seqs of ``(seq, payload_size)`` pairs (claim order) whose summed sizes stay within ``cap`` bytes.
+
+    The first job is always taken, so one payload larger than the cap is still delivered.
+    """
+    seqs: list[int] = []
+    total = 0
+    for seq, size in picked:
+        if seqs and total + size > cap:
+            break
+        seqs.append(seq)
+        total += size
+    return seqs
+
+
+def body_statement_bytes(body: str) -> int:
+    """Bytes one offloaded payload ``body`` may take in :meth:`Store.insert_bodies`' statement.
+
+    Escaping at most doubles the UTF-8 text; 80 bytes for the job id and the
+    row's share of the statement around it.
+    """
+    return 2 * len(body.encode()) + 80
+
+
+def split_by_bytes(items: Sequence[Any], sizes: Sequence[int], budget: int | None) -> list[list[Any]]:
+    """``items`` cut, in order, into runs whose ``sizes`` (bytes each) add up to at most ``budget``.
+
+    ``budget`` ``None`` means no limit (one run). A run holds at least one
+    item, so an item larger than the budget goes alone. No run for no items.
+    """
+    if budget is None:
+        return [list(items)] if items else []
+    runs: list[list[Any]] = []
+    total = 0
+    for item, size in zip(items, sizes, strict=True):
+        if not runs or (runs[-1] and total + size > budget):
+            runs.append([])
+            total = 0
+        runs[-1].append(item)
+        total += size
+    return runs
+
+
+#: The outcome a job's settle record holds after an ack (JSON text).
+ACKED_JSON = '{"state":"succeeded","run_at":null}'
+
+#: The lease columns :meth:`Store.lock_leases` and :meth:`Store.end_expired_leases` return.
+LEASE_COLUMNS = ("job_id", "generation", "receipt_hash", "claimed_at", "deadline", "timeout_at", "worker")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A problem of the database server's configuration for django-fq (:meth:`Store.check_server`).
+
+    ``id`` is the system check id (``"django_fq.E030"``); ``error`` False
+    means a warning. ``msg`` and ``hint`` are the check message's text.
+    """
+
+    id: str
+    error: bool
+    msg: str
+    hint: str
 
 
 class Store(abc.ABC):
@@ -43,6 +141,12 @@ class Store(abc.ABC):
     #: The database is a file opened in this process (no server to wait for), and one writer
     #: locks all of it: a first statement may meet "database is locked".
     embedded: ClassVar[bool]
+
+    #: The claim of a queue without a concurrency limit is one statement (:meth:`Store.claim_statement`),
+    #: and the common ack one statement per batch (:meth:`Store.ack_matching`, :meth:`Store.ack_locked`).
+    #: Without them the services take the general path: :meth:`Store.take_jobs`, :meth:`Store.lock_leases`.
+    supports_one_statement_claim: ClassVar[bool]
+    supports_one_statement_ack: ClassVar[bool]
 
     #: The backend's name a backup records in its header (``"database"``): Django's vendor string.
     export_name: ClassVar[str]
@@ -125,7 +229,40 @@ class Store(abc.ABC):
         ``key`` is django-fq's 64-bit lock key. A no-op where writers are serialised already (SQLite).
         """
 
+    # --- schema ----------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def schema_sql(self, conn: Any, *, reverse: bool = False) -> list[str]:
+        """DDL that gives this backend what the models' schema cannot say on it (migration 0003).
+
+        Forward (``reverse=False``) or undoing it (``reverse=True``), for the
+        migrated tables of django-fq on ``conn``; ``[]`` where the models'
+        indexes and constraints already hold as written (partial indexes,
+        byte-wise text comparison). Building the list may read the catalog
+        (one round trip); running it is the migration's.
+        """
+
     # --- checks and start-up ---------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def prepare_connection(self, conn: Any) -> None:
+        """Set up a new connection of django-fq's alias (``FQ_DATABASE``) for this store's SQL.
+
+        Called from Django's ``connection_created`` signal, once per physical
+        connection (each thread's, each reconnect); a no-op where nothing needs
+        setting. Raises the database's error if the session cannot be set.
+        """
+
+    @abc.abstractmethod
+    def check_server(self, conn: Any, *, tables: Sequence[str], max_payload_bytes: int) -> list[Finding]:
+        """What in the server's configuration breaks a rule of django-fq on ``conn`` (a few round trips).
+
+        ``tables``: the db_table of each django-fq model (they may not exist
+        yet: the checks run before ``migrate``); ``max_payload_bytes``: the
+        largest payload the site accepts (bytes). ``[]`` when nothing is
+        wrong or the backend has nothing to check. Raises the database's error
+        when it cannot be reached.
+        """
 
     @abc.abstractmethod
     def journal_mode(self, conn: Any) -> str | None:
@@ -174,7 +311,7 @@ class Store(abc.ABC):
         entries = self.failure_entries_sql(newest, marks)
         with conn.cursor() as cur:
             cur.execute(
-                f"SELECT (f.at - %s) / {bucket_ms:d} AS bucket, COUNT(*) AS n FROM ({entries}) AS f "
+                f"SELECT {self.int_div_sql('f.at - %s', f'{bucket_ms:d}')} AS bucket, COUNT(*) AS n FROM ({entries}) AS f "
                 "WHERE f.at >= %s AND f.at < %s GROUP BY 1",
                 [start, *params, scan_limit, *kinds, start, end],
             )
@@ -187,6 +324,14 @@ class Store(abc.ABC):
             partial = int(cur.fetchone()[0]) > scan_limit
         return buckets, partial
 
+    def int_div_sql(self, a: str, b: str) -> str:
+        """SQL for the whole-number quotient of the integer SQL expressions ``a`` and ``b`` (code-written text).
+
+        Truncated towards zero; callers divide non-negative numbers. Integer
+        ``/`` where integers divide so (PostgreSQL, SQLite).
+        """
+        return f"({a}) / ({b})"
+
     #: SQL condition on the ``errors`` column: a non-empty JSON array (this backend's JSON functions).
     errors_filter_sql: str = ""
 
@@ -198,4 +343,620 @@ class Store(abc.ABC):
         placeholders of the failure kinds. ``at`` is NULL when an entry's
         ``at`` is not a whole number. Code-written text only (the SQL audit).
         """
+
+    # --- statement sizes and error history -------------------------------------------------------
+
+    def statement_budget(self, conn: Any) -> int | None:
+        """Bytes of parameter values one statement on ``conn`` may carry, counted escaped, or ``None`` (no limit).
+
+        A value's escaped text is at most twice its UTF-8 bytes. Services cut
+        batches that carry whole payloads or results to stay within it
+        (:func:`split_by_bytes`). Where it is not ``None`` it may read the
+        server once per connection.
+        """
+        return None
+
+    def history_append_sql(self, column: str, keep: int) -> str | None:
+        """SQL for the JSON array ``column`` with one entry appended and only its newest ``keep`` entries kept.
+
+        The entry's JSON text is the expression's one ``%s`` parameter, so a
+        failure sends one entry, not the whole history. ``column`` holds at
+        most ``keep`` entries (django-fq's writes and imports never store more). ``None`` where the
+        history is written whole (the service appends in Python and writes the list).
+        """
+        return None
+
+    # --- reads that must see the newest commit ---------------------------------------------------
+
+    def may_read_stale(self, conn: Any) -> bool:
+        """True when a plain ``SELECT`` on ``conn`` now may return rows older than the newest commit.
+
+        That is a caller's transaction whose snapshot was taken at its first
+        read (InnoDB's REPEATABLE READ). PostgreSQL's snapshot isolation fails
+        the later write of a row changed since (a serialization error), and
+        SQLite has one writer at a time: False there.
+        """
+        return False
+
+    def fresh_read_sql(self, conn: Any, *, update: bool = False) -> str:
+        """SQL appended to a ``SELECT`` whose rows must be the newest committed ones (or ``""``).
+
+        ``""`` unless :meth:`may_read_stale`; then a locking read, which reads the
+        newest commit: ``FOR UPDATE`` with ``update`` (the rows are written next
+        in this transaction, and locking them exclusively at once cannot
+        deadlock on a shared lock's upgrade), else a shared lock. Code-written text only.
+        """
+        if not self.may_read_stale(conn):
+            return ""
+        return " FOR UPDATE" if update else self.key_share_sql
+
+    # --- errors ------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def is_retryable(self, exc: BaseException) -> bool:
+        """True when ``exc`` (a ``DatabaseError``) is a deadlock, a serialization failure or a lock wait that ran out.
+
+        Such an error means only "another transaction got in the way": a
+        transaction django-fq owns may run again from the start
+        (:func:`django_fq.db.retrying`). Anything else (a constraint, a syntax
+        error, a lost connection) is False.
+        """
+
+    def filter_tag(self, qs: Any, tag: str) -> Any:
+        """``qs`` (jobs) narrowed to those whose tags column holds ``tag`` (a valid tag), case-sensitively.
+
+        The column is ``"|a|b|"``, so the condition is an escaped LIKE on
+        ``"%|tag|%"`` (Django's ``contains``: ``LIKE`` on PostgreSQL, ``LIKE
+        BINARY`` on MariaDB/MySQL, both case-sensitive).
+        """
+        return qs.filter(tags__contains=f"|{tag}|")
+
+    # --- leases (claim, settle, expiry) -----------------------------------------------------------
+
+    def claim_statement(
+        self,
+        conn: Any,
+        *,
+        queue_name: str,
+        count: int,
+        visibility_ms: int | None,
+        worker: str,
+        after_reap: bool,
+        cap: int,
+        hashes: Sequence[str],
+        relaxed: bool,
+    ) -> list[tuple]:
+        """The one-statement claim (only where :attr:`supports_one_statement_claim`); one round trip, autocommit.
+
+        Looks queue ``queue_name`` up; unless it has a concurrency limit, or
+        expired leases and not ``after_reap``, takes up to ``count`` (1–1000)
+        eligible jobs in claim order whose summed payload sizes stay within
+        ``cap`` bytes, under leases of ``visibility_ms`` (``None``: the queue's
+        default; capped by each job's timeout), writes the leases (receipt
+        hash ``hashes[i]`` for the i-th job in claim order), and adds to the
+        counters. ``relaxed``: the commit skips the log flush.
+
+        Returns rows ``(queue_id, concurrency, visibility_ms, expired, vis, seq,
+        uid, payload, generation, attempts, max_attempts, priority, enqueued_at,
+        timeout_ms, claimed_at, rn, metadata)``: no row, no such queue; ``vis`` NULL, nothing
+        was claimed (the caller takes the general path); ``seq`` NULL on the one
+        row of a claim that found no job. ``rn`` is the job's place (from 1).
+        """
+        raise NotImplementedError(f"{type(self).__name__}: no one-statement claim")
+
+    def claim_facts(self, conn: Any, queue_name: str) -> tuple | None:
+        """What a claim of queue ``queue_name`` would meet, read in one statement before its transaction.
+
+        Returns ``(queue_id, visibility_ms, ready, expired)``: the queue's id and
+        default lease length (ms), whether it has an eligible job (``queued``,
+        ``run_at`` at or before the database clock; one held by another claim
+        counts) and whether it has an expired lease; ``()`` when there is no
+        such queue. ``None`` where this is not offered (the claim then looks
+        the queue up and handles expiry in its transaction, whatever it finds),
+        and wherever a read could be older than the newest commit (a caller's
+        transaction). Here: ``None``, no round trip.
+        """
+        return None
+
+    @abc.abstractmethod
+    def take_jobs(self, conn: Any, *, queue_id: int, count: int, concurrency: int, worker: str, cap: int) -> list[dict]:
+        """Inside a write transaction: mark up to ``count`` eligible jobs of queue ``queue_id`` running.
+
+        Eligible: ``queued`` with ``run_at`` at or before now (database
+        clock), taken in claim order (priority descending, then ``seq``),
+        passing over jobs other transactions hold. With ``concurrency`` > 0
+        (the limit read before) the limit is read again under a lock that
+        serialises the queue's claims, and no more jobs are taken than it
+        leaves free beside the queue's live leases. The summed payload sizes
+        stay within ``cap`` bytes (one payload is never larger: the enqueue limit is lower). Each
+        job's attempts and generation go up by one; ``claimed_at`` and
+        ``changed_at`` are one database instant; ``worker`` is recorded.
+
+        Returns dicts of :data:`TAKEN_COLUMNS` (in any order; ``[]`` when none).
+        Writes no lease and no counter (the caller does). Several round trips
+        where the backend needs them (see each store).
+        """
+
+    @abc.abstractmethod
+    def lock_leases(self, conn: Any, queue_id: int, uids: Sequence[str], *, judge: bool = True) -> list[dict]:
+        """Inside a write transaction: lock the leases of queue ``queue_id`` held by jobs ``uids`` (public ids).
+
+        Locks in job order (concurrent settles cannot deadlock) and waits for
+        locks others hold. Returns one dict per lease found: ``uid`` and
+        :data:`LEASE_COLUMNS`, and with ``judge`` (the deadline checked under
+        the locks, after they are granted) ``live`` (1 while the database clock
+        is strictly before ``deadline``, else 0) and ``now`` (that clock, epoch
+        ms). ``judge=False`` only where :attr:`supports_one_statement_ack`: the
+        caller's next statement judges the deadline (:meth:`ack_locked`).
+        """
+
+    def ack_matching(self, conn: Any, *, queue_name: str, requests_json: str, relaxed: bool) -> set[str]:
+        """The one-statement ack (only where :attr:`supports_one_statement_ack`); one round trip, autocommit.
+
+        ``requests_json``: a JSON array of ``{"uid", "gen", "hash", "result",
+        "args"}`` (result: JSON text or null; args: the settle digest). Ends
+        every lease of queue ``queue_name`` whose job, generation and receipt
+        hash match and whose deadline is after the clock read once all locks
+        are held; marks those jobs succeeded; adds to the counters. Returns
+        the uids acked. ``relaxed``: the commit skips the log flush.
+        """
+        raise NotImplementedError(f"{type(self).__name__}: no one-statement ack")
+
+    def ack_locked(
+        self, conn: Any, *, queue_id: int, seqs: Sequence[int], results: Sequence[str | None], args: Sequence[str]
+    ) -> set[int]:
+        """Ack the leases of jobs ``seqs`` the transaction locked (:meth:`lock_leases` with ``judge=False``).
+
+        Only where :attr:`supports_one_statement_ack`; one round trip. Ends
+        those still live now, marks their jobs succeeded (``results[i]``:
+        JSON text or ``None``, ``args[i]`` the settle digest), adds to the
+        counters of queue ``queue_id``. Returns the job seqs acked.
+        """
+        raise NotImplementedError(f"{type(self).__name__}: no one-statement ack")
+
+    @abc.abstractmethod
+    def mark_acked(self, conn: Any, *, now: int, acks: Sequence[tuple[int, str | None, str, str]]) -> None:
+        """Inside a write transaction, after their leases were ended: mark jobs succeeded at ``now`` (epoch ms).
+
+        ``acks``: ``(seq, result JSON text or None, receipt_hash, args digest)``
+        per job. Records the settle (op ``ack``) for replays. One round trip.
+        """
+
+    def end_expired_leases(self, conn: Any, *, queue_id: int | None, limit: int) -> list[dict]:
+        """Inside a write transaction: end up to ``limit`` leases whose deadline is at or before now.
+
+        Only queue ``queue_id``'s unless ``None``; soonest deadline first;
+        leases another transaction holds are passed over (that settle
+        decides) where rows can be locked. Deletes the lease rows and returns
+        them as dicts of :data:`LEASE_COLUMNS` plus ``queue_id`` and ``now``
+        (the database clock, epoch ms). A lease exactly at its deadline is
+        expired (docs/reference/semantics.md §5).
+
+        Here one ``DELETE … RETURNING`` over the expired leases, locked with
+        :attr:`skip_locked_sql` (PostgreSQL; empty on SQLite, whose write
+        transaction holds the database: nothing to pass over).
+        """
+        from .. import db
+
+        now = db.now_sql(conn)
+        where = "queue_id = %s AND " if queue_id is not None else ""
+        params = [queue_id] if queue_id is not None else []
+        with conn.cursor() as cur:
+            cur.execute(
+                f"DELETE FROM {LEASE_TABLE} WHERE job_id IN (SELECT job_id FROM {LEASE_TABLE} WHERE {where}"
+                f"deadline <= {now} ORDER BY deadline LIMIT %s{self.skip_locked_sql}) RETURNING job_id, queue_id, "
+                f"generation, receipt_hash, claimed_at, deadline, timeout_at, worker, {now} AS now",
+                [*params, limit],
+            )
+            return fetch_dicts(cur)
+
+    def write_progress(
+        self,
+        conn: Any,
+        *,
+        now: str,
+        queue_name: str,
+        uid: str,
+        generation: int,
+        receipt_hash: str,
+        progress: float,
+        message: str,
+    ) -> bool:
+        """Store a running job's progress report while the lease of this run is live; True if written.
+
+        Job ``uid`` of queue ``queue_name`` gets ``progress`` (a percentage,
+        already validated), ``message`` and ``progress_at`` = now (epoch ms,
+        database clock) only while it is ``running`` in lease ``generation``,
+        whose lease row still matches ``receipt_hash`` and whose deadline is
+        after now: a run whose lease expired or was taken by a newer claim
+        writes nothing. One ``UPDATE`` (one round trip, autocommit or the
+        caller's transaction); nothing is locked but the job row.
+        """
+        job = JOB_TABLE
+        with conn.cursor() as cur:
+            cur.execute(
+                f"UPDATE {job} SET progress = %s, progress_message = %s, progress_at = {now} "
+                f"WHERE uid = %s AND generation = %s AND state = 'running' "
+                f"AND queue_id = (SELECT id FROM {QUEUE_TABLE} WHERE name = %s) "
+                f"AND EXISTS (SELECT 1 FROM {LEASE_TABLE} l WHERE l.job_id = {job}.seq AND l.generation = %s "
+                f"AND l.receipt_hash = %s AND l.deadline > {now})",
+                [progress, message, uid, generation, queue_name, generation, receipt_hash],
+            )
+            return cur.rowcount == 1
+
+    # --- enqueue, queues, counters, maintenance ---------------------------------------------
+    #
+    # Tables are django-fq's own (the *_TABLE names above). ``now`` arguments are the SQL of the database clock
+    # in epoch ms (django_fq.db.now_sql: code-written text, with the test offset). The
+    # statements the backends share are written here once; a backend overrides what it
+    # must write otherwise.
+
+    #: The whole plain enqueue (no token, unique key or ``at``) is one statement: :meth:`enqueue_plain`.
+    supports_one_statement_enqueue: ClassVar[bool] = False
+
+    def enqueue_plain(
+        self, conn: Any, queue: str, items: Sequence[Any], *, now: str, max_jobs: int, channel: str
+    ) -> tuple[list[Any] | None, bool]:
+        """Enqueue ``items`` into queue ``queue`` (a name) in one statement (one round trip).
+
+        Only where :attr:`supports_one_statement_enqueue`. ``items`` have the
+        attributes of ``services.enqueue._Item`` and no token, unique key or
+        ``at``. Returns ``(results, True)`` (one ``EnqueueResult`` per item,
+        in order); or, with nothing written, ``(None, False)`` when the queue
+        does not exist, ``(None, True)`` when the batch does not fit under
+        ``max_jobs`` active jobs (the caller then raises with the numbers).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no one-statement enqueue")
+
+    def count_queues(self, conn: Any) -> int:
+        """The number of queues (one round trip); after :meth:`lock_queue_creation`, exact until commit."""
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT COUNT(*) FROM {QUEUE_TABLE}")
+            return int(cur.fetchone()[0])
+
+    def clock_plus(self, conn: Any, now: str, delta_ms: int) -> int:
+        """The database clock plus ``delta_ms`` (epoch ms), read in one round trip."""
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT {now} + %s", [delta_ms])
+            return int(cur.fetchone()[0])
+
+    def take_tokens(
+        self, conn: Any, *, now: str, queue_id: int, rows: Sequence[tuple[str, str, int]]
+    ) -> tuple[dict[str, str], int]:
+        """Inside a write transaction: insert idempotency tokens, taking over the expired ones.
+
+        ``rows`` are ``(token, job_uid, retention_ms)``, distinct tokens in a
+        fixed (sorted) order. A token row is written (``created_at`` = now,
+        ``expires_at`` = now + retention) unless a live one exists (one whose
+        ``expires_at`` is after now), which is left unchanged. Returns
+        ``({token: job_uid the token names now}, added)``: a token names the
+        caller's ``job_uid`` exactly when the caller wrote it; ``added`` counts
+        rows that did not exist before (not takeovers). Two or three round trips.
+        """
+        tokens = [r[0] for r in rows]
+        marks = ", ".join(["%s"] * len(tokens))
+        table = TOKEN_TABLE
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT token FROM {table} WHERE queue_id = %s AND token IN ({marks})", [queue_id, *tokens])
+            existing = {r[0] for r in cur.fetchall()}
+            values, params = [], []
+            for token, uid, retention in rows:
+                values.append("(%s, %s, %s, (SELECT t FROM c), (SELECT t FROM c) + %s)")
+                params += [queue_id, token, uid, retention]
+            cur.execute(
+                f"WITH c AS (SELECT {now} AS t) "
+                f"INSERT INTO {table} (queue_id, token, job_uid, created_at, expires_at) VALUES {', '.join(values)} "
+                f"ON CONFLICT (queue_id, token) DO UPDATE SET job_uid = excluded.job_uid, "
+                f"created_at = excluded.created_at, expires_at = excluded.expires_at "
+                f"WHERE {table}.expires_at <= excluded.created_at RETURNING token",
+                params,
+            )
+            owned = {r[0] for r in cur.fetchall()}
+            named = {token: uid for token, uid, _ in rows if token in owned}
+            others = [t for t in tokens if t not in owned]
+            if others:
+                marks = ", ".join(["%s"] * len(others))
+                cur.execute(
+                    f"SELECT token, job_uid FROM {table} WHERE queue_id = %s AND token IN ({marks})", [queue_id, *others]
+                )
+                named.update(cur.fetchall())
+        return named, len(owned - existing)
+
+    def point_token(self, conn: Any, queue_id: int, token: str, job_uid: str) -> None:
+        """Make the caller's token ``token`` of queue ``queue_id`` name job ``job_uid`` (one round trip)."""
+        with conn.cursor() as cur:
+            cur.execute(
+                f"UPDATE {TOKEN_TABLE} SET job_uid = %s WHERE queue_id = %s AND token = %s", [job_uid, queue_id, token]
+            )
+
+    def active_jobs_by_key(
+        self, conn: Any, queue_id: int, keys: Sequence[str], *, refused: bool = False
+    ) -> dict[str, str]:
+        """``{unique_key: job uid}`` of queue ``queue_id``'s queued/running jobs holding one of ``keys`` (one round trip).
+
+        ``refused=True``: an insert with these keys was just refused because an
+        active job holds them, so their holders exist in the newest commit (a
+        store that reads a caller's older snapshot must then read that commit).
+        """
+        if not keys:
+            return {}
+        marks = ", ".join(["%s"] * len(keys))
+        with conn.cursor() as cur:
+            cur.execute(
+                f"SELECT unique_key, uid FROM {JOB_TABLE} WHERE queue_id = %s AND state IN ('queued', 'running') "
+                f"AND unique_key IN ({marks})",
+                [queue_id, *keys],
+            )
+            return dict(cur.fetchall())
+
+    def lock_unique_keys(self, conn: Any, queue_id: int, keys: Sequence[str]) -> None:
+        """Inside a write transaction: take the unique keys' locks, ``keys`` sorted, before inserting jobs.
+
+        Two batches inserting the same keys in opposite orders then queue up
+        instead of deadlocking. A no-op where the backend has no such lock
+        (the deadlock is then retried, or cannot happen).
+        """
+        return None
+
+    #: Columns of one row for :meth:`insert_jobs`, in order.
+    JOB_ROW = (
+        "uid", "priority", "at", "delay_ms", "max_attempts", "timeout_ms", "payload", "size", "unique_key", "token",
+        "metadata", "tags",
+    )  # fmt: skip
+
+    def insert_jobs(self, conn: Any, *, now: str, queue_id: int, rows: Sequence[tuple]) -> dict[str, int]:
+        """Inside a write transaction: insert queued jobs in the order of ``rows`` (their FIFO order).
+
+        Each row is a tuple of :attr:`JOB_ROW`: ``run_at`` is ``at`` (epoch ms)
+        when not ``None``, else now + ``delay_ms``; ``enqueued_at`` and
+        ``changed_at`` are now, one instant for the statement. A row whose
+        unique key an active job of the queue holds already is skipped.
+        Returns ``{uid: enqueued_at}`` of the rows inserted. At most 500 rows
+        per call; one round trip.
+        """
+        values, params = [], []
+        for row in rows:
+            uid, priority, at, delay_ms, max_attempts, timeout_ms, payload, size, unique_key, token, meta, tags = (
+                full_row(row)
+            )
+            run_at = "%s" if at is not None else "(SELECT t FROM c) + %s"
+            values.append(
+                f"(%s, %s, 'queued', %s, {run_at}, (SELECT t FROM c), (SELECT t FROM c), 0, %s, 0, %s, %s, %s, "
+                f"'', '[]', %s, %s, '', %s, %s)"
+            )
+            params += [
+                uid, queue_id, priority, at if at is not None else delay_ms, max_attempts, timeout_ms, payload, size,
+                unique_key, token, meta, tags,
+            ]  # fmt: skip
+        with conn.cursor() as cur:
+            cur.execute(
+                f"WITH c AS (SELECT {now} AS t) INSERT INTO {JOB_TABLE} (uid, queue_id, state, priority, run_at, "
+                f"enqueued_at, changed_at, attempts, max_attempts, generation, timeout_ms, payload, payload_size, "
+                f"last_error, errors, unique_key, idempotency, worker, metadata, tags) VALUES {', '.join(values)} "
+                f"ON CONFLICT DO NOTHING RETURNING uid, enqueued_at",
+                params,
+            )
+            return {r[0]: int(r[1]) for r in cur.fetchall()}
+
+    def add_counters(self, conn: Any, queue_id: int, deltas: dict[str, int]) -> None:
+        """Add ``deltas`` (counter column → non-zero increment) to one of queue ``queue_id``'s counter shards.
+
+        Takes a shard no other transaction holds (``SKIP LOCKED`` where rows
+        lock; SQLite's writer holds them all), or inserts a new shard when
+        every shard is busy, so it never waits for another transaction. One
+        round trip, two when a shard is inserted.
+        """
+        table = COUNTER_TABLE
+        sets = ", ".join(f"{k} = {k} + %s" for k in deltas)
+        with conn.cursor() as cur:
+            cur.execute(
+                f"UPDATE {table} SET {sets} WHERE id = (SELECT id FROM {table} WHERE queue_id = %s LIMIT 1{self.skip_locked_sql})",
+                [*deltas.values(), queue_id],
+            )
+            if cur.rowcount == 0:
+                self._insert_shard(cur, queue_id, deltas)
+
+    def _insert_shard(self, cur: Any, queue_id: int, deltas: dict[str, int]) -> None:
+        cols = ", ".join(deltas)
+        marks = ", ".join(["%s"] * len(deltas))
+        cur.execute(f"INSERT INTO {COUNTER_TABLE} (queue_id, {cols}) VALUES (%s, {marks})", [queue_id, *deltas.values()])
+
+    def counter_sums(self, conn: Any, queue_id: int, names: Sequence[str]) -> dict[str, int]:
+        """Queue ``queue_id``'s counters ``names`` (column names): sums over its shards, one statement."""
+        cols = ", ".join(f"COALESCE(SUM({n}), 0)" for n in names)
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT {cols} FROM {COUNTER_TABLE} WHERE queue_id = %s", [queue_id])
+            row = cur.fetchone()
+        return {n: int(v) for n, v in zip(names, row, strict=True)}
+
+    def queues_with_shards(self, conn: Any) -> list[int]:
+        """Ids of the queues with more than one counter shard (one round trip)."""
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT queue_id FROM {COUNTER_TABLE} GROUP BY queue_id HAVING COUNT(*) > 1")
+            return [r[0] for r in cur.fetchall()]
+
+    def fold_shards(self, conn: Any, queue_id: int, names: Sequence[str]) -> int:
+        """Inside a write transaction: merge queue ``queue_id``'s free counter shards into its first; the number removed.
+
+        Shards another transaction holds are passed over (``SKIP LOCKED``);
+        sums are unchanged. Three round trips (read, write the sums, delete).
+        """
+        table = COUNTER_TABLE
+        cols = ", ".join(names)
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT id, {cols} FROM {table} WHERE queue_id = %s ORDER BY id{self.skip_locked_sql}", [queue_id])
+            rows = cur.fetchall()
+            if len(rows) < 2:
+                return 0
+            keep, rest = rows[0], rows[1:]
+            sums = [sum(r[i] for r in rows) for i in range(1, len(names) + 1)]
+            sets = ", ".join(f"{n} = %s" for n in names)
+            cur.execute(f"UPDATE {table} SET {sets} WHERE id = %s", [*sums, keep[0]])
+            marks = ", ".join(["%s"] * len(rest))
+            cur.execute(f"DELETE FROM {table} WHERE id IN ({marks})", [r[0] for r in rest])
+            return len(rest)
+
+    def delete_queue_rows(self, conn: Any, queue_id: int) -> None:
+        """Inside a write transaction holding the queue row exclusively: delete queue ``queue_id`` and all its rows.
+
+        Jobs first: a claim in flight holds some job rows, so this waits for
+        it to commit, and the leases it wrote are then seen (and deleted) by
+        the next statement. Five round trips.
+        """
+        with conn.cursor() as cur:
+            for table in (JOB_TABLE, LEASE_TABLE, TOKEN_TABLE, COUNTER_TABLE):
+                if table == JOB_TABLE:  # a body goes with its job (the rows are held: no claim reads it now)
+                    self._delete_queue_bodies(cur, queue_id)
+                cur.execute(f"DELETE FROM {table} WHERE queue_id = %s", [queue_id])
+            cur.execute(f"DELETE FROM {QUEUE_TABLE} WHERE id = %s", [queue_id])
+
+    def _delete_queue_bodies(self, cur: Any, queue_id: int) -> None:
+        # One more round trip; the anti-join reads only the queue's offloaded jobs' uids.
+        cur.execute(
+            f"DELETE FROM {PAYLOAD_TABLE} WHERE job_uid IN (SELECT uid FROM {JOB_TABLE} WHERE queue_id = %s "
+            f"AND payload = %s)",
+            [queue_id, OFFLOADED],
+        )
+
+    def prune_jobs(self, conn: Any, *, now: str, retention_ms: int, limit: int) -> int:
+        """Delete at most ``limit`` succeeded/cancelled jobs finished ``retention_ms`` or more ago; the number deleted.
+
+        Rows other transactions hold are passed over where rows lock. One round trip.
+        """
+        table = JOB_TABLE
+        with conn.cursor() as cur:
+            # RETURNING says which of the deleted jobs had their body offloaded: a second
+            # statement (same transaction) deletes only those bodies, and only when there are any.
+            cur.execute(
+                f"DELETE FROM {table} WHERE seq IN (SELECT seq FROM {table} WHERE state IN ('succeeded', 'cancelled') "
+                f"AND finished_at <= {now} - %s LIMIT %s{self.skip_locked_sql}) RETURNING uid, payload = %s",
+                [retention_ms, limit, OFFLOADED],
+            )
+            rows = cur.fetchall()
+            self.delete_bodies(conn, [uid for uid, offloaded in rows if offloaded])
+            return len(rows)
+
+    def prune_tokens(self, conn: Any, *, now: str, limit: int) -> list[int]:
+        """Delete at most ``limit`` idempotency tokens whose ``expires_at`` has passed.
+
+        Returns the queue id of each row deleted (repeated), so the caller
+        can take them off the queues' ``token_rows`` counters. Rows other
+        transactions hold are passed over where rows lock. One round trip.
+        """
+        table = TOKEN_TABLE
+        with conn.cursor() as cur:
+            cur.execute(
+                f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE expires_at <= {now} LIMIT %s{self.skip_locked_sql}) "
+                f"RETURNING queue_id",
+                [limit],
+            )
+            return [r[0] for r in cur.fetchall()]
+
+
+    # --- large payloads: bodies kept out of the job row -----------------------------------------
+
+    def insert_bodies(self, conn: Any, rows: Sequence[tuple[str, str]]) -> None:
+        """Inside the write transaction that inserted their jobs: store offloaded payload bodies.
+
+        ``rows`` are ``(job uid, payload JSON text)``; the job rows hold
+        :data:`OFFLOADED` in ``payload``. Written in the jobs' transaction, so a
+        job never exists without its body (docs/explanation/storage.md#large-payloads).
+        One round trip per run of bodies within :meth:`statement_budget`
+        (escaped bytes); raises ``IntegrityError`` if a uid has a body already.
+        """
+        if not rows:
+            return
+        budget = self.statement_budget(conn)
+        sizes = [body_statement_bytes(body) for _, body in rows]
+        with conn.cursor() as cur:
+            for run in split_by_bytes(rows, sizes, budget):
+                cur.execute(
+                    f"INSERT INTO {PAYLOAD_TABLE} (job_uid, body) VALUES {', '.join(['(%s, %s)'] * len(run))}",
+                    [v for row in run for v in row],
+                )
+
+    def fetch_bodies(self, conn: Any, uids: Sequence[str], *, latest: bool = False) -> dict[str, str]:
+        """``{job uid: payload JSON text}`` of the offloaded bodies of jobs ``uids`` (one round trip; ``{}`` for none).
+
+        A uid without a body (its job was deleted meanwhile) is left out.
+        One statement per 1,000 uids (a claim's largest count: a claim makes one).
+        ``latest``: the caller took these jobs with a locking read (a claim), so
+        the bodies are read from the newest commit too (:meth:`fresh_read_sql`,
+        a locking read only where a caller's older snapshot may be stale): a
+        plain read there misses the body of a job committed after the snapshot.
+        """
+        found: dict[str, str] = {}
+        tail = self.fresh_read_sql(conn) if latest else ""
+        with conn.cursor() as cur:
+            for start in range(0, len(uids), 1000):
+                chunk = list(uids[start : start + 1000])
+                marks = ", ".join(["%s"] * len(chunk))
+                cur.execute(f"SELECT job_uid, body FROM {PAYLOAD_TABLE} WHERE job_uid IN ({marks}){tail}", chunk)
+                found.update(cur.fetchall())
+        return found
+
+    def delete_bodies(self, conn: Any, uids: Sequence[str]) -> None:
+        """Inside the write transaction that deletes their jobs: delete the bodies of jobs ``uids``.
+
+        One round trip per 500 uids; none for no uids.
+        """
+        with conn.cursor() as cur:
+            for start in range(0, len(uids), 500):
+                chunk = list(uids[start : start + 500])
+                cur.execute(f"DELETE FROM {PAYLOAD_TABLE} WHERE job_uid IN ({', '.join(['%s'] * len(chunk))})", chunk)
+
+    # --- edges: driver errors, backup rows, listening -------------------------------------------
+
+    #: Name prefixes of the modules whose exceptions this backend's DB-API driver (and its pool) raises.
+    driver_modules: ClassVar[tuple[str, ...]]
+
+    @classmethod
+    def is_driver_error(cls, exc: BaseException) -> bool:
+        """Whether ``exc`` was raised by this backend's driver (not wrapped by Django); no round trip.
+
+        By the exception's module: one of :attr:`driver_modules` or a module whose name starts
+        with one (``psycopg_pool`` for ``psycopg``).
+        """
+        return (type(exc).__module__ or "").startswith(cls.driver_modules)
+
+    @classmethod
+    @abc.abstractmethod
+    def is_unavailable(cls, cause: BaseException) -> bool:
+        """Whether driver exception ``cause`` says the database cannot serve now (try later).
+
+        ``cause`` is the driver's exception behind a Django ``OperationalError``
+        (its ``__cause__``). True for a refused, lost or timed-out connection, a
+        server at its connection limit or shutting down, a file database that is
+        locked or cannot be opened; False for anything else, including another
+        driver's exceptions (a bug or a deployment error: a 500, not a 503).
+        """
+
+    def insert_rows(self, conn: Any, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        """Inside a write transaction: insert ``rows`` into ``table`` in one statement (the backup's import).
+
+        ``table`` and ``columns`` are django-fq's own names (code-written
+        text); each row holds one value per column, already adapted for the
+        driver (JSON as text). The caller keeps ``len(rows) * len(columns)``
+        under the backend's parameter limit (SQLite: 32766). Raises
+        ``IntegrityError`` on a duplicate key (the whole statement fails).
+        """
+        if not rows:
+            return
+        row_sql = f"({', '.join(['%s'] * len(columns))})"
+        with conn.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join([row_sql] * len(rows))}",
+                [v for values in rows for v in values],
+            )
+
+    def listen(self, channel: str, *, stop: Any, on_listening: Any, on_note: Any, timeout_s: float = 1.0) -> None:
+        """Listen on ``channel`` on a connection of its own until ``stop`` (a ``threading.Event``) is set.
+
+        Only where :attr:`supports_listen_notify`. Calls ``on_listening()``
+        once listening, then ``on_note(payload)`` (a queue name) per
+        notification; looks at ``stop`` at least every ``timeout_s`` seconds.
+        Returns when stopped; raises the driver's error when the connection
+        fails (the caller reconnects).
+        """
+        raise NotImplementedError(f"{type(self).__name__}: the database cannot LISTEN")
 

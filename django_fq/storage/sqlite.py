@@ -8,11 +8,12 @@ read-then-write can never fail half-way). No LISTEN/NOTIFY: workers poll.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import transaction
 
-from .base import Store
+from .base import ACKED_JSON, CLEAR_PROGRESS_SQL, JOB_TABLE, LEASE_TABLE, TAKEN_COLUMNS, Finding, Store, fetch_dicts
 
 # SQLite keeps 'now' as whole milliseconds of the Julian day; julianday() returns
 # that over 86400000.0, so rounding recovers the exact millisecond. (No '%' in the
@@ -40,6 +41,10 @@ def atomic(conn: Any, mode: str):
         conn.transaction_mode = saved
 
 
+#: SQLite primary result codes that say the file cannot serve now: BUSY, LOCKED, IOERR, CANTOPEN.
+UNAVAILABLE_CODES = frozenset({5, 6, 10, 14})
+
+
 class SqliteStore(Store):
     """SQLite 3.35+ through Django's ``sqlite3`` backend."""
 
@@ -50,6 +55,8 @@ class SqliteStore(Store):
     supports_partial_indexes = True
     supports_relaxed_commit = False
     supports_server_prepare = False
+    supports_one_statement_claim = False
+    supports_one_statement_ack = False
     embedded = True
     export_name = vendor
     key_share_sql = ""
@@ -104,6 +111,16 @@ class SqliteStore(Store):
     def lock_queue_creation(self, conn: Any, key: int) -> None:
         return None  # writers are serialised by the database lock
 
+    def schema_sql(self, conn: Any, *, reverse: bool = False) -> list[str]:
+        # Partial indexes as the models write them; text compares BINARY (byte for byte) by default.
+        return []
+
+    def prepare_connection(self, conn: Any) -> None:
+        return None  # julianday('now') is UTC whatever the process's time zone
+
+    def check_server(self, conn: Any, *, tables: Sequence[str], max_payload_bytes: int) -> list[Finding]:
+        return []  # the journal mode has its own check (journal_mode, E004)
+
     def journal_mode(self, conn: Any) -> str | None:
         if conn.is_in_memory_db():
             return None  # one process only: the journal mode does not matter
@@ -124,3 +141,88 @@ class SqliteStore(Store):
             f"FROM ({newest}) AS j, json_each(j.errors) AS e "
             f"WHERE e.type = 'object' AND json_extract(e.value, '$.kind') IN ({marks})"
         )
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        # SQLITE_BUSY / SQLITE_LOCKED past the busy timeout; sqlite3 gives only the message.
+        text = str(exc).lower()
+        return "database is locked" in text or "database table is locked" in text
+
+    # --- leases (claim, settle, expiry) ---
+
+    def filter_tag(self, qs: Any, tag: str) -> Any:
+        # SQLite's LIKE ignores ASCII case: the escaped LIKE narrows, instr() (case-sensitive) decides.
+        from django.db.models import Value
+        from django.db.models.functions import StrIndex
+
+        needle = f"|{tag}|"
+        return qs.filter(tags__contains=needle).alias(fq_tag_at=StrIndex("tags", Value(needle))).filter(fq_tag_at__gt=0)
+
+    def take_jobs(self, conn: Any, *, queue_id: int, count: int, concurrency: int, worker: str, cap: int) -> list[dict]:
+        """One ``UPDATE … RETURNING`` that picks, caps and takes (the write transaction holds the database)."""
+        from .. import db
+
+        job, lease = JOB_TABLE, LEASE_TABLE
+        now = db.now_sql(conn)
+        returning = ", ".join(TAKEN_COLUMNS)
+        with conn.cursor() as cur:
+            # One statement takes the write lock and the jobs at once, whatever
+            # the transaction mode, so two processes can never take one job.
+            limit, params = "%s", [count]
+            if concurrency > 0:
+                limit = f"MAX(0, MIN(%s, %s - (SELECT COUNT(*) FROM {lease} WHERE queue_id = %s)))"
+                params = [count, concurrency, queue_id]
+            cur.execute(
+                f"UPDATE {job} SET state = 'running', attempts = attempts + 1, generation = generation + 1, "
+                f"claimed_at = {now}, changed_at = {now}, worker = %s, {CLEAR_PROGRESS_SQL} WHERE seq IN ("
+                f"SELECT seq FROM (SELECT seq, SUM(payload_size) OVER (ORDER BY priority DESC, seq "
+                f"ROWS UNBOUNDED PRECEDING) AS cum FROM (SELECT seq, priority, payload_size FROM {job} "
+                f"WHERE queue_id = %s AND state = 'queued' AND run_at <= {now} ORDER BY priority DESC, seq "
+                f"LIMIT {limit})) WHERE cum <= %s) RETURNING {returning}",
+                [worker, queue_id, *params, cap],
+            )
+            return fetch_dicts(cur)
+
+    def lock_leases(self, conn: Any, queue_id: int, uids: Sequence[str], *, judge: bool = True) -> list[dict]:
+        """One round trip: the write transaction holds the database, so the read is the lock."""
+        from .. import db
+
+        job, lease = JOB_TABLE, LEASE_TABLE
+        now = db.now_sql(conn)
+        columns = "l.job_id, l.generation, l.receipt_hash, l.claimed_at, l.deadline, l.timeout_at, l.worker, j.uid"
+        marks = ", ".join(["%s"] * len(uids))
+        with self.hot_cursor(conn) as cur:
+            cur.execute(
+                f"SELECT {columns}, CASE WHEN l.deadline > {now} THEN 1 ELSE 0 END AS live, {now} AS now "
+                f"FROM {lease} l JOIN {job} j ON j.seq = l.job_id WHERE l.queue_id = %s AND j.uid IN ({marks})",
+                [queue_id, *uids],
+            )
+            return fetch_dicts(cur)
+
+    def mark_acked(self, conn: Any, *, now: int, acks: Sequence[tuple[int, str | None, str, str]]) -> None:
+        """One ``UPDATE … FROM (VALUES …)``."""
+        job = JOB_TABLE
+        rows = ", ".join(["(%s, %s, %s, %s)"] * len(acks))
+        values: list = []
+        for ack in acks:
+            values += list(ack)
+        with conn.cursor() as cur:
+            cur.execute(
+                f"UPDATE {job} SET state = 'succeeded', result = v.column2, settled_hash = v.column3, "
+                f"settled_args = v.column4, settled_op = 'ack', settled_outcome = '{ACKED_JSON}', "
+                f"finished_at = %s, changed_at = %s FROM (VALUES {rows}) AS v WHERE {job}.seq = v.column1",
+                [now, now, *values],
+            )
+
+    # --- enqueue, queues, counters, maintenance ---------------------------------------------
+    # The shared statements of Store serve SQLite as written: its writer holds the whole
+    # database, so the unique keys need no lock of their own (lock_unique_keys: no-op).
+
+
+    # --- edges: driver errors, backup rows, listening -------------------------------------------
+
+    driver_modules = ("sqlite3", "_sqlite3")
+
+    @classmethod
+    def is_unavailable(cls, cause: BaseException) -> bool:
+        code = getattr(cause, "sqlite_errorcode", None) if cls.is_driver_error(cause) else None
+        return code is not None and (code & 0xFF) in UNAVAILABLE_CODES

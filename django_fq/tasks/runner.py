@@ -16,9 +16,10 @@ One run of :func:`run_task`:
 1. reads the job (for the worker id and the history of earlier attempts) and
    builds the ``TaskResult`` (status RUNNING);
 2. sends ``task_started``;
-3. calls the task function — coroutine functions through ``async_to_sync`` —
-   with a ``TaskContext`` first when the task ``takes_context``
-   (``context.attempt`` is the job's attempt number, 1 for the first run);
+3. calls the task function with a ``TaskContext`` first when the task ``takes_context``
+   (``context.attempt`` is the job's attempt number, 1 for the first run); an
+   ``async def`` task is awaited on the worker's event loop by :func:`arun_task`,
+   which the worker picks per job through :func:`is_async_task`;
 4. on success sends ``task_finished`` (SUCCESSFUL) and returns the return
    value, which the worker stores as the job's result (ack);
 5. on an exception adds a note with the exception's class path (so the
@@ -32,6 +33,7 @@ One run of :func:`run_task`:
 from __future__ import annotations
 
 import datetime as dt
+import inspect
 import logging
 import traceback
 from typing import cast
@@ -50,7 +52,93 @@ log = logging.getLogger("django_fq.tasks")
 
 
 def run_task(job):
-    """Handler of the Tasks queues: run the task a job's payload names (see the module docstring)."""
+    """Handler of the Tasks queues: run the task a job's payload names (see the module docstring).
+
+    An ``async def`` task reaching it (a worker given this handler without the asyncio
+    pool) runs through ``async_to_sync``; the worker's own pools run those with
+    :func:`arun_task` on the event loop instead (:func:`is_async_task`).
+    """
+    backend, task, result, attempts, max_attempts = _prepare(job)
+    try:
+        if task.takes_context:
+            value = task.call(tasks.TaskContext(task_result=result), *result.args, **result.kwargs)
+        else:
+            value = task.call(*result.args, **result.kwargs)
+        value = tasks.normalize_json(value)
+        validation.json_text(value, "result")
+    except BaseException as exc:
+        _failed(backend, result, exc, attempts, max_attempts)
+        raise
+    return _succeeded(backend, result, value)
+
+
+async def arun_task(job):
+    """:func:`run_task` for an ``async def`` task, awaited on the worker's event loop (no thread per job).
+
+    The steps around the call (checking the payload, reading the job, the signals) use
+    the database, so they run through ``sync_to_async``; the task function itself is
+    awaited here.
+    """
+    from asgiref.sync import sync_to_async
+
+    backend, task, result, attempts, max_attempts = await sync_to_async(_prepare)(job)
+    try:
+        if task.takes_context:
+            value = await task.acall(tasks.TaskContext(task_result=result), *result.args, **result.kwargs)
+        else:
+            value = await task.acall(*result.args, **result.kwargs)
+        value = tasks.normalize_json(value)
+        validation.json_text(value, "result")
+    except BaseException as exc:
+        await sync_to_async(_failed)(backend, result, exc, attempts, max_attempts)
+        raise
+    return await sync_to_async(_succeeded)(backend, result, value)
+
+
+#: Per task path (``module.name`` of a payload): whether its function is ``async def``.
+_IS_ASYNC: dict[str, bool] = {}
+_IS_ASYNC_MAX = 1024
+
+
+def is_async_task(payload) -> bool:
+    """Whether ``payload`` names an ``async def`` task: the worker then awaits :func:`arun_task` on its loop.
+
+    Read by the worker (``run_task.fq_async_for``) as it hands each Tasks job to a pool.
+    Imports only what :func:`django_fq.tasks.paths.resolve` allows, once per task path; a
+    payload it cannot resolve goes to :func:`run_task`, which refuses it with its clear error.
+    """
+    if not is_task_payload(payload):
+        return False
+    path = payload["task"]
+    known = _IS_ASYNC.get(path)
+    if known is None:
+        try:
+            known = _is_coroutine_function(paths.resolve(path).func)
+        except Exception:  # noqa: BLE001 - run_task reports a task it cannot run
+            return False
+        if len(_IS_ASYNC) >= _IS_ASYNC_MAX:
+            _IS_ASYNC.clear()
+        _IS_ASYNC[path] = known
+    return known
+
+
+# The worker's per-job choice (django_fq.worker.aio.async_twin): async tasks on the event loop.
+run_task.fq_async = arun_task  # type: ignore[attr-defined]
+run_task.fq_async_for = is_async_task  # type: ignore[attr-defined]
+
+
+def _is_coroutine_function(fn) -> bool:
+    from asgiref.sync import iscoroutinefunction
+
+    return inspect.iscoroutinefunction(fn) or iscoroutinefunction(fn)
+
+
+def _prepare(job):
+    """Steps 0-2 of a run: check the payload, load the task, build its ``TaskResult``, send ``task_started``.
+
+    Returns ``(backend, task, result, attempts, max_attempts)``; raises
+    :class:`~django_fq.PermanentFailure` for a payload that names no task this worker may run.
+    """
     from .. import services as fq  # not at import: see django_fq.tasks.backend
 
     payload = job.payload
@@ -67,23 +155,23 @@ def run_task(job):
     max_attempts = int(getattr(job, "max_attempts", info.max_attempts) or info.max_attempts)
     _fit_attempts(result, attempts)
     tasks.task_started.send(sender=type(backend), task_result=result)
-    try:
-        if task.takes_context:
-            value = task.call(tasks.TaskContext(task_result=result), *result.args, **result.kwargs)
-        else:
-            value = task.call(*result.args, **result.kwargs)
-        value = tasks.normalize_json(value)
-        validation.json_text(value, "result")
-    except BaseException as exc:
-        path = class_path(type(exc))
-        _add_note(exc, path)
-        final = isinstance(exc, PermanentFailure) or attempts >= max_attempts
-        result.errors.append(tasks.TaskError(exception_class_path=path, traceback=_traceback(exc)))
-        object.__setattr__(result, "status", tasks.TaskResultStatus.FAILED if final else tasks.TaskResultStatus.READY)
-        if final:
-            object.__setattr__(result, "finished_at", _now())
-        _finished(backend, result)
-        raise
+    return backend, task, result, attempts, max_attempts
+
+
+def _failed(backend, result, exc: BaseException, attempts: int, max_attempts: int) -> None:
+    """Step 5: record the failed attempt on ``result`` and send ``task_finished`` (the caller re-raises)."""
+    path = class_path(type(exc))
+    _add_note(exc, path)
+    final = isinstance(exc, PermanentFailure) or attempts >= max_attempts
+    result.errors.append(tasks.TaskError(exception_class_path=path, traceback=_traceback(exc)))
+    object.__setattr__(result, "status", tasks.TaskResultStatus.FAILED if final else tasks.TaskResultStatus.READY)
+    if final:
+        object.__setattr__(result, "finished_at", _now())
+    _finished(backend, result)
+
+
+def _succeeded(backend, result, value):
+    """Step 4: mark ``result`` successful, send ``task_finished``, return ``value`` (the job's result)."""
     object.__setattr__(result, "status", tasks.TaskResultStatus.SUCCESSFUL)
     object.__setattr__(result, "finished_at", _now())
     object.__setattr__(result, "_return_value", value)
@@ -101,10 +189,14 @@ def _backend_of(fq_queue: str, alias: str) -> FqBackend:
     from django.conf import settings
 
     if alias not in fq_backend_aliases(getattr(settings, "TASKS", None)):
-        raise PermanentFailure(f"the job names the Tasks backend {alias[:200]!r}, which is not a django-fq alias of TASKS")
+        raise PermanentFailure(
+            f"the job names the Tasks backend {alias[:200]!r}, which is not a django-fq alias of TASKS"
+        )
     backend = cast(FqBackend, tasks.task_backends[alias])
     if fq_queue not in backend.fq_queues.values():
-        raise PermanentFailure(f"the job names the Tasks backend {alias!r}, which does not serve the queue {fq_queue!r}")
+        raise PermanentFailure(
+            f"the job names the Tasks backend {alias!r}, which does not serve the queue {fq_queue!r}"
+        )
     return backend
 
 
@@ -143,9 +235,7 @@ def _finished(backend, result) -> None:
     """Send ``task_finished``; a failing receiver is logged and never changes the task's outcome."""
     for receiver, response in tasks.task_finished.send_robust(type(backend), task_result=result):
         if isinstance(response, Exception):
-            log.error(
-                "task_finished receiver %r failed for task %s", receiver, result.id, exc_info=response
-            )
+            log.error("task_finished receiver %r failed for task %s", receiver, result.id, exc_info=response)
 
 
 def _now() -> dt.datetime:

@@ -1,4 +1,8 @@
-"""Tools of the adversarial tests: run a call on another thread (own connection), see PostgreSQL lock waits."""
+"""Tools of the adversarial tests: run a call on another thread (own connection), see lock waits.
+
+Lock waits are looked up in the server's own views (PostgreSQL ``pg_stat_activity``; InnoDB's
+``INNODB_TRX`` joined to the process list on MariaDB/MySQL), limited to this test database.
+"""
 
 from __future__ import annotations
 
@@ -40,13 +44,34 @@ def run_elsewhere(fn, timeout: float = 30.0) -> Background:
     return Background(fn).start().join(timeout)
 
 
-def pg_lock_waiters() -> int:
-    """Sessions of this test database waiting for a heavyweight lock right now (PostgreSQL)."""
-    with connections["default"].cursor() as cur:
-        cur.execute(
-            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-        )
+#: Per vendor: sessions of this database, other than the asking one, waiting for a lock right now.
+#: InnoDB lists row-lock waits in INNODB_TRX (trx_state 'LOCK WAIT'); a metadata-lock wait (DDL,
+#: LOCK TABLES) shows only in the process list's state. The server is shared, so both are limited
+#: to this test database (the process list's DB).
+_LOCK_WAITERS_SQL = {
+    "postgresql": (
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+    ),
+    "mysql": (
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST p "
+        "LEFT JOIN information_schema.INNODB_TRX t ON t.trx_mysql_thread_id = p.ID "
+        "WHERE p.DB = DATABASE() AND p.ID <> CONNECTION_ID() "
+        "AND (t.trx_state = 'LOCK WAIT' OR p.STATE LIKE 'Waiting for%%lock%%')"
+    ),
+}
+
+
+#: Seconds between two looks. InnoDB refreshes its INFORMATION_SCHEMA lock views only when they were
+#: last read more than 0.1 s ago, so reading them faster would keep showing the first picture.
+_POLL_S = {"mysql": 0.15}
+
+
+def lock_waiters(alias: str = "default") -> int:
+    """Sessions of this test database (``alias``) waiting for a lock right now (PostgreSQL, MariaDB/MySQL)."""
+    conn = connections[alias]
+    with conn.cursor() as cur:
+        cur.execute(_LOCK_WAITERS_SQL[conn.vendor])
         return cur.fetchone()[0]
 
 
@@ -59,17 +84,18 @@ def wait_for_lock_waiter(n: int = 1, timeout: float = 10.0, thread: Background |
 
     def look():
         give_up = time.monotonic() + timeout
+        pause = _POLL_S.get(connections["default"].vendor, 0.01)
         while time.monotonic() < give_up:
             if thread is not None and not thread.thread.is_alive():
                 result["ok"] = "finished"
                 return
-            if pg_lock_waiters() >= n:
+            if lock_waiters() >= n:
                 result["ok"] = "waiting"
                 return
-            time.sleep(0.01)
+            time.sleep(pause)
 
     run_elsewhere(look, timeout + 5)
     assert result.get("ok"), f"no session started waiting for a lock within {timeout}s"
 
 
-__all__ = ["Background", "pg_lock_waiters", "run_elsewhere", "wait_for_lock_waiter"]
+__all__ = ["Background", "lock_waiters", "run_elsewhere", "wait_for_lock_waiter"]

@@ -17,7 +17,7 @@ from django_fq.models import IdempotencyToken, Job
 
 from .helpers import Background, wait_for_lock_waiter
 
-pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.row_locks, pytest.mark.django_db(transaction=True)]
 
 
 def test_token_of_an_item_that_follows_a_unique_key_loser_points_at_the_real_job():
@@ -63,25 +63,43 @@ def test_token_of_an_item_that_follows_a_unique_key_loser_points_at_the_real_job
     assert Job.objects.count() == 1
 
 
-@pytest.fixture
-def slow_inserts():
-    """A trigger that sleeps 200 ms before inserting each job whose unique_key starts with 'slow-'.
-
-    It widens the window inside one multi-row INSERT so two batches interleave row by row.
-    """
-    with connection.cursor() as cur:
-        cur.execute(
+#: Per vendor: (statements that create the triggers, statements that drop them). Updates sleep too: a
+#: store may write a job's key after inserting its row (MysqlStore does, to take the keys in order).
+SLOW_INSERT_TRIGGER = {
+    "postgresql": (
+        [
             "CREATE OR REPLACE FUNCTION fq_adv_slow_insert() RETURNS trigger AS $$ BEGIN "
-            "IF NEW.unique_key LIKE 'slow-%%' THEN PERFORM pg_sleep(0.2); END IF; RETURN NEW; END $$ LANGUAGE plpgsql"
-        )
-        cur.execute(
-            "CREATE TRIGGER fq_adv_slow_insert BEFORE INSERT ON django_fq_job "
-            "FOR EACH ROW EXECUTE FUNCTION fq_adv_slow_insert()"
-        )
+            "IF NEW.unique_key LIKE 'slow-%%' THEN PERFORM pg_sleep(0.2); END IF; RETURN NEW; END $$ LANGUAGE plpgsql",
+            "CREATE TRIGGER fq_adv_slow_insert BEFORE INSERT OR UPDATE ON django_fq_job "
+            "FOR EACH ROW EXECUTE FUNCTION fq_adv_slow_insert()",
+        ],
+        ["DROP TRIGGER IF EXISTS fq_adv_slow_insert ON django_fq_job", "DROP FUNCTION IF EXISTS fq_adv_slow_insert()"],
+    ),
+    "mysql": (
+        [
+            f"CREATE TRIGGER fq_adv_slow_{verb.lower()} BEFORE {verb} ON django_fq_job FOR EACH ROW BEGIN "
+            "IF NEW.unique_key LIKE 'slow-%' THEN DO SLEEP(0.2); END IF; END"
+            for verb in ("INSERT", "UPDATE")
+        ],
+        ["DROP TRIGGER IF EXISTS fq_adv_slow_insert", "DROP TRIGGER IF EXISTS fq_adv_slow_update"],
+    ),
+}
+
+
+@pytest.fixture
+def slow_inserts(vendor):
+    """Triggers that sleep 200 ms before writing each job whose unique_key starts with 'slow-'.
+
+    They widen the window inside one multi-row write so two batches interleave row by row.
+    """
+    create, drop = SLOW_INSERT_TRIGGER[vendor]
+    with connection.cursor() as cur:
+        for sql in create:
+            cur.execute(sql)
     yield
     with connection.cursor() as cur:
-        cur.execute("DROP TRIGGER IF EXISTS fq_adv_slow_insert ON django_fq_job")
-        cur.execute("DROP FUNCTION IF EXISTS fq_adv_slow_insert()")
+        for sql in drop:
+            cur.execute(sql)
 
 
 def test_bulk_enqueues_with_unique_keys_in_opposite_orders_do_not_deadlock(slow_inserts):

@@ -10,7 +10,7 @@ from django_fq.models import Lease
 
 from .helpers import run_elsewhere
 
-pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.row_locks, pytest.mark.django_db(transaction=True)]
 
 
 def test_claim_uses_the_limit_in_force_when_it_locks_the_queue():

@@ -21,7 +21,7 @@ from django_fq.models import Job, Lease, Queue, QueueCounter
 
 from .helpers import Background, wait_for_lock_waiter
 
-pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.row_locks, pytest.mark.django_db(transaction=True)]
 
 enqueue_module = importlib.import_module("django_fq.services.enqueue")
 leases_module = importlib.import_module("django_fq.services.leases")

@@ -19,7 +19,7 @@ from django_fq.models import IdempotencyToken, Job
 
 from .helpers import Background, run_elsewhere
 
-pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.row_locks, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.mark.xfail(strict=True, reason="known limitation (0.1.0): queue-full checks read committed counters, so producers committing at the same moment can pass FQ_MAX_* together; an exact check would serialize enqueues behind long caller transactions (see docs/explanation/design.md)")

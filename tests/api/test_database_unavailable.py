@@ -1,8 +1,8 @@
 """A database that refuses connections: the API answers 503 JSON with Retry-After, never an HTML 500.
 
 The request's connection is pointed at a database that really refuses: on
-PostgreSQL a closed port, or a role whose connection limit is reached ("too
-many connections"); on SQLite a file in a directory that does not exist. See
+a database server (PostgreSQL, MariaDB) a closed port, or a role whose connection limit
+is reached ("too many connections"); on SQLite a file in a directory that does not exist. See
 docs/rest-api.md, "Limits and errors".
 """
 
@@ -15,7 +15,7 @@ import socket
 import pytest
 from django.db import DatabaseError, OperationalError, connections
 
-from django_fq import conf
+from django_fq import conf, storage
 from django_fq import services as fq
 from django_fq.api.exceptions import database_unavailable
 
@@ -40,10 +40,10 @@ def refusing(transactional_db):
         saved = dict(conn.settings_dict)
         conn.close()
         if not changes:
-            if conn.vendor == "postgresql":
-                changes = {"HOST": "127.0.0.1", "PORT": str(_closed_port())}
-            else:
+            if storage.for_connection(conn).embedded:
                 changes = {"NAME": "/nonexistent-fq-dir/sub/db.sqlite3"}
+            else:
+                changes = {"HOST": "127.0.0.1", "PORT": str(_closed_port())}
         conn.settings_dict.update(changes)
         try:
             yield

@@ -19,7 +19,7 @@ from .conftest import url
 pytestmark = pytest.mark.django_db
 
 Q = "api:test"
-CLAIM_KEYS = {"id", "payload", "receipt", "deadline", "attempts", "enqueued_at"}
+CLAIM_KEYS = {"id", "payload", "receipt", "deadline", "attempts", "enqueued_at", "metadata"}
 SETTLE_KEYS = {"id", "state", "run_at", "replay"}
 POLICY_DEFAULTS = {
     "concurrency": 0,
@@ -581,9 +581,9 @@ def test_settle_bad_input_is_400_and_the_lease_lives_on(api, name, body, code, f
     assert api.post(url("ack", Q), {"receipt": receipt}).json()["state"] == "succeeded"
 
 
-@pytest.mark.parametrize("name", ["ack", "nack", "release", "extend"])
+@pytest.mark.parametrize("name", ["ack", "nack", "release", "extend", "progress"])
 def test_forged_expired_or_foreign_receipts_are_409_invalid_receipt(api, clock, name):
-    extra = {"visibility_ms": 1000} if name == "extend" else {}
+    extra = {"extend": {"visibility_ms": 1000}, "progress": {"progress": 50}}.get(name, {})
     enqueue(api)
     enqueue(api, queue="other")
     foreign = claim(api, queue="other")[0]["receipt"]

@@ -28,6 +28,7 @@ EXPECTED = {
     "/queues/{queue}/nack/": {"post"},
     "/queues/{queue}/release/": {"post"},
     "/queues/{queue}/extend/": {"post"},
+    "/queues/{queue}/progress/": {"post"},
 }
 
 
@@ -51,7 +52,7 @@ def test_schema_is_valid_openapi_3_and_complete():
         if name.endswith("Request"):
             assert component["additionalProperties"] is False, name
     claimed = doc["components"]["schemas"]["ClaimedJob"]["properties"]
-    assert set(claimed) == {"id", "payload", "receipt", "deadline", "attempts", "enqueued_at"}
+    assert set(claimed) == {"id", "payload", "receipt", "deadline", "attempts", "enqueued_at", "metadata"}
     for name in ("Job", "JobListed"):
         assert "receipt" not in doc["components"]["schemas"][name]["properties"]
 

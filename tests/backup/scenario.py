@@ -53,14 +53,14 @@ def populate() -> dict:
     fq.nack(MAIN, c.receipt, delay_ms=3_600_000, error="try later")
     ids["cancelled"] = fq.enqueue(MAIN, {"role": "cancelled"}).id
     fq.cancel(MAIN, ids["cancelled"])
-    ids["running"] = fq.enqueue(MAIN, {"role": "running"}, timeout_ms=60_000).id
+    ids["running"] = fq.enqueue(MAIN, {"role": "running"}, timeout_ms=60_000, metadata={"tags": ["run"]}).id
     (c,) = fq.claim(MAIN, worker="w-3")
     ids["running_receipt"] = c.receipt
     ids["released"] = fq.enqueue(MAIN, {"role": "released"}).id
     (c,) = fq.claim(MAIN)
     fq.release(MAIN, c.receipt, error="shutting down")
     # Left as they are: ready, scheduled, prioritised, keyed, tokened (and one duplicate enqueue).
-    ids["ready"] = fq.enqueue(MAIN, RICH, priority=-7).id
+    ids["ready"] = fq.enqueue(MAIN, RICH, priority=-7, metadata={"tenant": "héllo ✓", "tags": ["a:b", "x_y"], "n": 1.5}).id
     ids["scheduled"] = fq.enqueue(MAIN, None, delay_ms=2 * 3_600_000, priority=2**31 - 1).id
     ids["keyed"] = fq.enqueue(MAIN, [1, 2, 3], unique_key="uk-live").id
     ids["tokened"] = fq.enqueue(MAIN, "a string payload", idempotency="tok-live", idempotency_retention_ms=900_000).id

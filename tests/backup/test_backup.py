@@ -621,3 +621,27 @@ def test_cli_dry_run(tmp_path):
     code, out, _ = run_fq("import", str(path), "--dry-run")
     assert code == 0 and "dry run: nothing was changed" in out and "queues: 3 created" in out
     assert not fq.queues()
+
+
+def test_metadata_and_tags_survive_a_round_trip_and_bad_metadata_is_refused_by_line():
+    meta = {"tenant": "t ✓", "tags": ["eu", "x_y"]}
+    job = fq.enqueue("bk:meta", {"n": 1}, metadata=meta).id
+    plain = fq.enqueue("bk:meta", {"n": 2}).id
+    out = io.StringIO()
+    backup.export_jsonl(out)
+    lines = out.getvalue().splitlines()
+    rows = {r.get("id"): r for r in map(json.loads, lines)}
+    assert rows[job]["metadata"] == meta and rows[plain]["metadata"] is None
+    fq.delete_queue("bk:meta")
+    backup.import_jsonl(lines)
+    assert fq.get("bk:meta", job).metadata == meta
+    assert [j.id for j in fq.jobs("bk:meta", tag="x_y").jobs] == [job]
+    fq.delete_queue("bk:meta")
+    bad = [
+        json.dumps({**r, "metadata": {"tags": ["no spaces"]}}) if r.get("id") == job else line
+        for line, r in zip(lines, map(json.loads, lines), strict=True)
+    ]
+    with pytest.raises(InvalidBackup) as info:
+        backup.import_jsonl(bad)
+    assert info.value.field == "metadata.tags[0]"
+    assert info.value.line == next(i for i, r in enumerate(map(json.loads, lines), 1) if r.get("id") == job)

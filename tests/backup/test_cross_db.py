@@ -1,32 +1,72 @@
-"""Backups move between SQLite and PostgreSQL: export from one, import into the other, compare every column.
+"""Backups move between every pair of databases: export from one, import into another, compare every column.
 
-Runs on the PostgreSQL leg (it needs both databases). The SQLite side is a
-file database driven by child processes — the real ``python -m django fq
-export`` / ``fq import`` command lines, and :mod:`tests.backup.child` to
-build and read the data — and the PostgreSQL side is this test's database.
+Runs on a server leg (PostgreSQL or MariaDB): this test's database is one
+side; the other side is a database driven by child processes — the real
+``python -m django fq export`` / ``fq import`` command lines, and
+:mod:`tests.backup.child` to create, fill, read and drop it. The other sides
+are a SQLite file (always) and the other server (PostgreSQL from the MariaDB
+leg, MariaDB from the PostgreSQL leg; skipped when it cannot be reached), so
+the two server legs together cover SQLite↔PostgreSQL, SQLite↔MariaDB and
+PostgreSQL↔MariaDB, both ways.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 
-from tests.worker.helpers import ROOT, child_env
+from django_fq import storage
+from tests.worker.helpers import ROOT, TEST_DB_OF_VENDOR, child_env
 
 from . import scenario
 from .scenario import comparable, dump, expected_after_restore, populate
 
-pytestmark = [pytest.mark.django_db, pytest.mark.postgres_only]
+pytestmark = pytest.mark.django_db
+
+#: ``FQ_TEST_DB`` of each database a child can drive, and the ``"database"`` its backups name.
+HEADER_NAME = {"sqlite": "sqlite", "postgres": "postgresql", "mariadb": "mysql"}
 
 
-def sqlite_env(path) -> dict:
-    """A child on the SQLite file ``path`` (the test settings' SQLite options: WAL, IMMEDIATE, busy timeout)."""
-    return child_env(0, FQ_TEST_DB="sqlite", FQ_CHILD_DB_NAME=str(path))
+@pytest.fixture(autouse=True)
+def _server_leg():
+    if storage.for_connection(connection).embedded:
+        pytest.skip("runs on the PostgreSQL and MariaDB legs (the other side is a child's database)")
+
+
+def others() -> list[str]:
+    here = TEST_DB_OF_VENDOR[connection.vendor]
+    return ["sqlite", *(kind for kind in ("postgres", "mariadb") if kind != here)]
+
+
+@pytest.fixture(params=["sqlite", "other-server"])
+def other(request, tmp_path):
+    """``(kind, env)`` of the other side's child processes, its database created (and dropped after)."""
+    kinds = others()
+    kind = kinds[0] if request.param == "sqlite" else kinds[1]
+    if kind == "sqlite":
+        name = str(tmp_path / "other.sqlite3")
+    else:
+        base = os.environ.get("FQ_TEST_PG_TEST_NAME", "test_fq")
+        name = f"{base}_xdb_{os.getpid()}"  # one per test process (pytest-xdist runs several)
+    env = child_env(0, FQ_TEST_DB=kind, FQ_CHILD_DB_NAME=name)
+    created = subprocess.run(
+        [sys.executable, "-m", "tests.backup.child", "create", os.devnull],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    if created.returncode == 3:
+        pytest.skip(f"{kind} cannot be reached: {created.stderr.strip().splitlines()[-1]}")
+    assert created.returncode == 0, created.stderr
+    try:
+        yield kind, env
+    finally:
+        run(env, "-m", "tests.backup.child", "drop", os.devnull)
 
 
 def run(env, *argv) -> subprocess.CompletedProcess:
@@ -43,14 +83,14 @@ def run(env, *argv) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_sqlite_export_imports_into_postgresql(tmp_path):
-    env = sqlite_env(tmp_path / "source.sqlite3")
+def test_an_export_of_the_other_database_imports_here(other, tmp_path):
+    kind, env = other
     run(env, "-m", "tests.backup.child", "populate", str(tmp_path / "source.json"))
     source = json.loads((tmp_path / "source.json").read_text())
-    backup_file = tmp_path / "sqlite.jsonl"
+    backup_file = tmp_path / f"{kind}.jsonl"
     proc = run(env, "-m", "django", "fq", "export", "--output", str(backup_file), "--json")
     assert json.loads(proc.stdout)["jobs"] == len(source["dump"]["jobs"])
-    assert json.loads(backup_file.read_text().splitlines()[0])["database"] == "sqlite"
+    assert json.loads(backup_file.read_text().splitlines()[0])["database"] == HEADER_NAME[kind]
 
     out = io.StringIO()
     call_command("fq", "import", str(backup_file), "--json", stdout=out)
@@ -68,14 +108,14 @@ def test_sqlite_export_imports_into_postgresql(tmp_path):
     assert got["tokens"]["bk:main|tok-live"] == source["dump"]["tokens"]["bk:main|tok-live"]
 
 
-def test_postgresql_export_imports_into_sqlite(tmp_path):
+def test_an_export_from_here_imports_into_the_other_database(other, tmp_path):
+    _kind, env = other
     populate()
     source = dump()
-    backup_file = tmp_path / "pg.jsonl"
+    backup_file = tmp_path / "here.jsonl"
     call_command("fq", "export", "--output", str(backup_file), stdout=io.StringIO())
+    assert json.loads(backup_file.read_text().splitlines()[0])["database"] == storage.for_connection(connection).export_name
 
-    env = sqlite_env(tmp_path / "target.sqlite3")
-    run(env, "-m", "django", "migrate", "--verbosity", "0")
     proc = run(env, "-m", "django", "fq", "import", str(backup_file), "--json")
     assert json.loads(proc.stdout)["jobs_created"] == len(source["jobs"])
     assert proc.stderr == ""  # no progress bar: not a terminal

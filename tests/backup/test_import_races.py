@@ -142,11 +142,11 @@ def failing_inserts(monkeypatch, times: int) -> list:
     calls = []
     real = backup._insert
 
-    def insert(table, columns, rows):
+    def insert(table, columns, rows, **kwargs):
         calls.append(len(rows))
         if len(calls) <= times:
             raise IntegrityError('duplicate key value violates unique constraint "fq_job_uid"')
-        return real(table, columns, rows)
+        return real(table, columns, rows, **kwargs)
 
     monkeypatch.setattr(backup, "_insert", insert)
     return calls

@@ -26,7 +26,8 @@ class Child:
         env.update(
             DJANGO_SETTINGS_MODULE="tests.cases.child_settings",
             FQ_CHILD_DB_NAME=str(connection.settings_dict["NAME"]),
-            FQ_TEST_DB="postgres" if connection.vendor == "postgresql" else "sqlite",
+            # The child's settings pick the same backend (tests/conftest.py's VENDORS, inverted).
+            FQ_TEST_DB={"postgresql": "postgres", "mysql": "mariadb"}.get(connection.vendor, "sqlite"),
             PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
         )
         env.pop("FQ_CHILD_SKEW_MS", None)

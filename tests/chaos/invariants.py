@@ -8,6 +8,8 @@ engine makes, whoever makes it, in the same transaction:
 
 * ``fqchaos_job`` — every job inserted (seq, id, queue, enqueued_at, keys);
   ``fqchaos_job_gone`` — every job deleted (pruned), with its last state.
+  On MariaDB both also carry ``txn``, the InnoDB id of the transaction that
+  wrote the audit row (see *Withdrawn jobs* below).
 * ``fqchaos_lease`` — every lease granted (job, generation, receipt hash,
   claimed_at, first deadline); ``fqchaos_extend`` — every change of a lease's
   deadline (old and new value); ``fqchaos_lease_end`` — every lease row
@@ -27,9 +29,10 @@ What is checked (:func:`check`)
 -------------------------------
 Every rule reads only database times (epoch ms):
 
-1. **Accounting.** Every job inserted is either still a row or was pruned,
-   once; per queue, ``stats`` counts + pruned = ``totals.enqueued`` = jobs
-   inserted; succeeded (rows + pruned) = ``totals.acked`` = acks recorded;
+1. **Accounting.** Every job inserted (withdrawn ones aside: see below) is
+   either still a row or was pruned, once, and only when finished; per
+   queue, ``stats`` counts + pruned = ``totals.enqueued`` = jobs inserted;
+   succeeded (rows + pruned) = ``totals.acked`` = acks recorded;
    ``totals.claimed`` = leases granted; nacked/released/expired totals =
    the settles recorded; running = live lease rows. ``lost`` counts jobs a
    producer was told exist but that never were inserted, jobs that vanished
@@ -59,6 +62,35 @@ Every rule reads only database times (epoch ms):
    returned exists; one idempotency token always returned one id, created
    exactly once.
 
+Withdrawn jobs (MariaDB)
+------------------------
+The MariaDB store inserts a batch's jobs without their unique keys and sets
+the keys afterwards; a job whose key an active job turns out to hold is
+deleted again by the same enqueue transaction (``MysqlStore._insert_keys_sorted``).
+The triggers log that insert and that delete, yet the row was never
+committed: InnoDB shows an uncommitted row to no other transaction (django-fq
+never reads at READ UNCOMMITTED), so nobody could claim it, and the engine
+neither counts it nor returns its id. The rule that tells it from a loss:
+
+    A job deleted unfinished is *withdrawn* exactly when its delete was
+    logged by the transaction that logged its insert (equal, known ``txn``),
+    it was deleted ``queued``, and no lease of it was ever logged.
+
+A withdrawn job is no job: it is left out of every count (jobs inserted,
+pruned, the per-queue accounting, :attr:`Report.jobs`) and its id out of the
+ids that exist, so an enqueue that *returned* it is still ``enqueued_missing``
+(a lost job), and an engine that counted it in ``totals.enqueued`` still fails
+``accounting``. A real prune of a queued job cannot pass: the pruner could
+only see the job after the enqueue committed, so it deletes it in a later
+transaction, with another id (InnoDB ids only grow and are never reused).
+Any other unfinished delete is ``pruned_unfinished``. ``txn`` comes from
+transaction-precise system versioning (``GENERATED ALWAYS AS ROW START`` on
+a ``BIGINT UNSIGNED`` column: the writer's transaction id, exact and
+per transaction, unlike ``information_schema.innodb_trx``, a cache refreshed
+about every 0.1 s). MySQL has no such column, and PostgreSQL's and SQLite's
+stores never insert a job they then delete (``ON CONFLICT DO NOTHING``): there
+``txn`` is unknown and every unfinished delete is reported.
+
 Violations are collected as strings in :class:`Report.violations`; nothing
 here raises for a broken invariant, so a scenario reports all of them.
 """
@@ -73,6 +105,8 @@ from django.db import connection as default_connection
 from django.db import transaction
 
 from django_fq import services as fq
+from django_fq import storage
+from django_fq.storage.mysql import NOW_SQL as _MYSQL_NOW
 from django_fq.storage.postgres import NOW_SQL as _PG_NOW
 from django_fq.storage.sqlite import NOW_SQL as _SQLITE_NOW
 
@@ -167,19 +201,67 @@ _SQLITE_DDL = [
 ]
 
 
+# MariaDB/MySQL: one trigger per table and event, the WHEN clauses as IF inside the body
+# (NULL-safe ``<=>`` for IS DISTINCT FROM). Triggers run in the writer's transaction, as above.
+_MYSQL_DDL = [
+    "CREATE TRIGGER fqchaos_job_ins AFTER INSERT ON django_fq_job FOR EACH ROW INSERT INTO fqchaos_job VALUES "
+    "(NEW.seq, NEW.uid, NEW.queue_id, NEW.unique_key, NEW.idempotency, NEW.enqueued_at)",
+    "CREATE TRIGGER fqchaos_job_del AFTER DELETE ON django_fq_job FOR EACH ROW INSERT INTO fqchaos_job_gone VALUES "
+    f"(OLD.seq, OLD.uid, OLD.queue_id, OLD.state, OLD.finished_at, {_MYSQL_NOW})",
+    "CREATE TRIGGER fqchaos_job_upd AFTER UPDATE ON django_fq_job FOR EACH ROW BEGIN "
+    "IF NEW.settled_hash IS NOT NULL AND NOT (NEW.settled_hash <=> OLD.settled_hash) THEN "
+    "INSERT INTO fqchaos_settle VALUES (NEW.seq, NEW.settled_hash, NEW.settled_op, NEW.state, NEW.changed_at, "
+    f"NEW.attempts, {_MYSQL_NOW}); END IF; END",
+    "CREATE TRIGGER fqchaos_lease_ins AFTER INSERT ON django_fq_lease FOR EACH ROW INSERT INTO fqchaos_lease VALUES "
+    "(NEW.job_id, NEW.queue_id, NEW.generation, NEW.receipt_hash, NEW.claimed_at, NEW.deadline, NEW.timeout_at, "
+    f"NEW.worker, {_MYSQL_NOW})",
+    "CREATE TRIGGER fqchaos_lease_del AFTER DELETE ON django_fq_lease FOR EACH ROW INSERT INTO fqchaos_lease_end VALUES "
+    f"(OLD.job_id, OLD.generation, OLD.receipt_hash, OLD.deadline, {_MYSQL_NOW})",
+    "CREATE TRIGGER fqchaos_lease_upd AFTER UPDATE ON django_fq_lease FOR EACH ROW BEGIN "
+    "IF NOT (NEW.deadline <=> OLD.deadline) THEN INSERT INTO fqchaos_extend VALUES "
+    f"(NEW.job_id, NEW.generation, OLD.deadline, NEW.deadline, NEW.timeout_at, {_MYSQL_NOW}); END IF; END",
+]
+
+_DDL = {"postgresql": _PG_DDL, "mysql": _MYSQL_DDL, "sqlite": _SQLITE_DDL}
+
+# MariaDB only: the two job logs stamped with the id of the transaction that wrote each row
+# (transaction-precise system versioning; INVISIBLE keeps the triggers' positional VALUES as
+# they are). A side effect of MariaDB's: each committed transaction that wrote one of them
+# leaves a row in mysql.transaction_registry (about 100 bytes), which the server refuses to
+# delete (error 1556) and dropping these tables does not remove.
+_TXN_TABLES = ("fqchaos_job", "fqchaos_job_gone")
+_MARIADB_TXN_DDL = [
+    f"ALTER TABLE {table} ADD COLUMN txn BIGINT UNSIGNED GENERATED ALWAYS AS ROW START INVISIBLE, "
+    "ADD COLUMN txn_end BIGINT UNSIGNED GENERATED ALWAYS AS ROW END INVISIBLE, "
+    "ADD PERIOD FOR SYSTEM_TIME (txn, txn_end), ADD SYSTEM VERSIONING"
+    for table in _TXN_TABLES
+]
+
+
+def _dialect(conn) -> str:
+    """The audit's dialect for ``conn``: the vendor of the django-fq store serving it."""
+    return storage.for_connection(conn).vendor
+
+
+def _txn_logged(conn) -> bool:
+    """Whether the job logs carry the writer's transaction id (``txn``): on MariaDB, not MySQL."""
+    return _dialect(conn) == "mysql" and bool(getattr(conn, "mysql_is_mariadb", False))
+
+
 def install(conn=None) -> None:
     """Create the audit tables and triggers (dropping leftovers of an earlier run first)."""
     conn = conn or default_connection
     uninstall(conn)
+    txn = _MARIADB_TXN_DDL if _txn_logged(conn) else []
     with conn.cursor() as cur:
-        for sql in _COMMON_DDL + (_PG_DDL if conn.vendor == "postgresql" else _SQLITE_DDL):
+        for sql in _COMMON_DDL + txn + _DDL[_dialect(conn)]:
             cur.execute(sql)
 
 
 def uninstall(conn=None) -> None:
     """Drop the audit triggers, functions and tables (safe when they are absent)."""
     conn = conn or default_connection
-    pg = conn.vendor == "postgresql"
+    pg = _dialect(conn) == "postgresql"
     with conn.cursor() as cur:
         for trig, table in (
             ("fqchaos_job_ins", "django_fq_job"),
@@ -204,8 +286,16 @@ def now_ms(conn=None) -> int:
     """The database clock (epoch ms), read now."""
     conn = conn or default_connection
     with conn.cursor() as cur:
-        cur.execute(f"SELECT {_PG_NOW if conn.vendor == 'postgresql' else _SQLITE_NOW}")
+        cur.execute(f"SELECT {storage.for_connection(conn).clock_sql}")
         return int(cur.fetchone()[0])
+
+
+def _upsert_effect_sql(conn) -> str:
+    """Insert a job's effect row with runs = 1, or add one run to the row already there."""
+    head = "INSERT INTO fqchaos_effect (job_uid, runs, last_pid) VALUES (%s, 1, %s) "
+    if _dialect(conn) == "mysql":
+        return head + "ON DUPLICATE KEY UPDATE runs = runs + 1, last_pid = VALUES(last_pid)"
+    return head + "ON CONFLICT (job_uid) DO UPDATE SET runs = fqchaos_effect.runs + 1, last_pid = excluded.last_pid"
 
 
 def record_run(job_uid: str, claimed_at: int, attempt: int, run_start: int, told, *, tag: str = "", pid: int = 0) -> int:
@@ -223,7 +313,7 @@ def record_run(job_uid: str, claimed_at: int, attempt: int, run_start: int, told
     run_end = now_ms(conn)
     lost = bool(told(run_end))
     with transaction.atomic(), conn.cursor() as cur:
-        if conn.vendor == "postgresql":
+        if _dialect(conn) == "postgresql":
             # Like django-fq's own lease changes: no wait for the WAL flush (a clean restart keeps it all).
             cur.execute("SET LOCAL synchronous_commit = off")
         cur.execute(
@@ -231,11 +321,7 @@ def record_run(job_uid: str, claimed_at: int, attempt: int, run_start: int, told
             "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
             [job_uid, claimed_at, attempt, pid, tag[:100], run_start, run_end, lost],
         )
-        cur.execute(
-            "INSERT INTO fqchaos_effect (job_uid, runs, last_pid) VALUES (%s, 1, %s) "
-            "ON CONFLICT (job_uid) DO UPDATE SET runs = fqchaos_effect.runs + 1, last_pid = excluded.last_pid",
-            [job_uid, pid],
-        )
+        cur.execute(_upsert_effect_sql(conn), [job_uid, pid])
     return run_end
 
 
@@ -249,18 +335,14 @@ def record_runs(runs: list[tuple[str, int, int, int, int]], *, tag: str = "", pi
     conn = default_connection
     run_end = now_ms(conn)
     with transaction.atomic(), conn.cursor() as cur:
-        if conn.vendor == "postgresql":
+        if _dialect(conn) == "postgresql":
             cur.execute("SET LOCAL synchronous_commit = off")
         cur.executemany(
             "INSERT INTO fqchaos_run (job_uid, claimed_at, attempt, pid, tag, run_start, run_end, told) "
             "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
             [(uid, claimed, attempt, pid, tag[:100], start, run_end, run_end >= deadline) for uid, claimed, attempt, start, deadline in runs],
         )
-        cur.executemany(
-            "INSERT INTO fqchaos_effect (job_uid, runs, last_pid) VALUES (%s, 1, %s) "
-            "ON CONFLICT (job_uid) DO UPDATE SET runs = fqchaos_effect.runs + 1, last_pid = excluded.last_pid",
-            [(uid, pid) for uid, *_ in runs],
-        )
+        cur.executemany(_upsert_effect_sql(conn), [(uid, pid) for uid, *_ in runs])
     return run_end
 
 
@@ -278,6 +360,7 @@ class Report:
     cancelled: int = 0
     pending: int = 0
     pruned: int = 0
+    withdrawn: int = 0  # jobs deleted again by their own enqueue transaction (MariaDB): not jobs
     leases: int = 0
     runs: int = 0
     unrecorded_runs: int = 0
@@ -351,8 +434,11 @@ def check(
     qin = _in(qids)
     vis_of = visibility_ms if isinstance(visibility_ms, dict) else dict.fromkeys(queues, visibility_ms)
 
-    created = {seq: (uid, qid) for seq, uid, qid in _rows(conn, f"SELECT seq, uid, queue_id FROM fqchaos_job WHERE queue_id IN {qin}")}
-    uid_to_seq = {uid: seq for seq, (uid, _) in created.items()}
+    txn = "txn" if _txn_logged(conn) else "NULL"
+    created, inserted_by = {}, {}
+    for seq, uid, qid, ins_txn in _rows(conn, f"SELECT seq, uid, queue_id, {txn} FROM fqchaos_job WHERE queue_id IN {qin}"):
+        created[seq] = (uid, qid)
+        inserted_by[seq] = ins_txn
     rows = {
         seq: {"uid": uid, "qid": qid, "state": state, "attempts": attempts, "generation": gen}
         for seq, uid, qid, state, attempts, gen in _rows(
@@ -360,8 +446,27 @@ def check(
         )
     }
     gone = collections.defaultdict(list)
-    for seq, state in _rows(conn, f"SELECT seq, state FROM fqchaos_job_gone WHERE queue_id IN {qin}"):
+    deleted_by = collections.defaultdict(list)
+    for seq, state, del_txn in _rows(conn, f"SELECT seq, state, {txn} FROM fqchaos_job_gone WHERE queue_id IN {qin}"):
         gone[seq].append(state)
+        deleted_by[seq].append(del_txn)
+
+    # 0. Withdrawn jobs (the rule in the module docstring): dropped from every count below ---------
+    leased = {seq for (seq,) in _rows(conn, f"SELECT DISTINCT job_seq FROM fqchaos_lease WHERE queue_id IN {qin}")}
+    withdrawn = {
+        seq
+        for seq, states in gone.items()
+        if states == ["queued"]
+        and seq in created
+        and seq not in rows
+        and seq not in leased
+        and inserted_by[seq] is not None
+        and deleted_by[seq] == [inserted_by[seq]]
+    }
+    for seq in withdrawn:
+        del created[seq], gone[seq]
+    report.withdrawn = len(withdrawn)
+    uid_to_seq = {uid: seq for seq, (uid, _) in created.items()}
 
     # 1. Accounting --------------------------------------------------------------------------------
     for seq in rows:
@@ -531,8 +636,9 @@ def check(
     runs_of = collections.defaultdict(list)
     run_rows = _rows(
         conn,
-        "SELECT r.job_uid, r.claimed_at, r.attempt, r.pid, r.run_start, r.run_end, r.told FROM fqchaos_run r "
-        f"JOIN fqchaos_job j ON j.uid = r.job_uid WHERE j.queue_id IN {qin}",
+        # IN, not a join: a uid withdrawn and then inserted again has two insert rows.
+        "SELECT job_uid, claimed_at, attempt, pid, run_start, run_end, told FROM fqchaos_run "
+        f"WHERE job_uid IN (SELECT uid FROM fqchaos_job WHERE queue_id IN {qin})",
     )
     report.runs = len(run_rows)
     runs_per_lease = collections.Counter()
@@ -592,7 +698,7 @@ def check(
                 f"job {row['uid']}: attempts {row['attempts']} but {len(leases[seq])} claims - {releases[seq]} releases",
             )
     effects = dict(
-        _rows(conn, f"SELECT e.job_uid, e.runs FROM fqchaos_effect e JOIN fqchaos_job j ON j.uid = e.job_uid WHERE j.queue_id IN {qin}")
+        _rows(conn, f"SELECT job_uid, runs FROM fqchaos_effect WHERE job_uid IN (SELECT uid FROM fqchaos_job WHERE queue_id IN {qin})")
     )
     for seq, runs in runs_of.items():
         uid = created[seq][0]
@@ -605,7 +711,7 @@ def check(
         missing = {r["id"] for r in producers if r["id"] not in known}
         report.lost += len(missing)
         for uid in sorted(missing)[:20]:
-            report.fail("enqueued_missing", f"an enqueue returned job {uid}, which was never inserted")
+            report.fail("enqueued_missing", f"an enqueue returned job {uid}, which was never inserted (or only withdrawn)")
         tokens = collections.defaultdict(set)
         created_per_token = collections.Counter()
         for r in producers:

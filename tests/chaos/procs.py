@@ -120,6 +120,9 @@ def actor(role: str, log: Path, *args: str, env: dict | None = None) -> Proc:
 FORBIDDEN = (
     re.compile(r"database is locked", re.I),
     re.compile(r"deadlock detected", re.I),
+    # MariaDB/MySQL errors 1213 and 1205: django-fq retries them in its own transactions, so none may surface.
+    re.compile(r"Deadlock found when trying to get lock", re.I),
+    re.compile(r"Lock wait timeout exceeded", re.I),
     re.compile(r"could not serialize", re.I),
     re.compile(r"worker\.internal_error"),
     re.compile(r"Traceback \(most recent call last\)"),

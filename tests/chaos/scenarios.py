@@ -286,6 +286,92 @@ def restart_postgres() -> None:
     raise RuntimeError("PostgreSQL did not accept connections 60 s after its restart")
 
 
+#: The Debian init script reaches the server with this file's account; without it, it can neither stop nor ping it.
+DEBIAN_CNF = "/etc/mysql/debian.cnf"
+MARIADBD = "/usr/sbin/mariadbd"
+
+
+def _mariadb_admin(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    admin = shutil.which("mariadb-admin") or shutil.which("mysqladmin") or "mysqladmin"
+    return subprocess.run([admin, "-h", "127.0.0.1", "-P", "3306", "-u", "root", "--connect-timeout=2", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _mariadb_service() -> bool:
+    """True when the local MariaDB server can be restarted: by its service, or stopped and started directly."""
+    if shutil.which("service") and os.path.exists("/etc/init.d/mariadb") and os.path.exists(DEBIAN_CNF):
+        return True
+    return os.access(MARIADBD, os.X_OK) and os.geteuid() == 0
+
+
+def restart_mariadb() -> None:
+    """Restart the local MariaDB server (every session on it ends); waits until it accepts connections.
+
+    ``service mariadb restart`` where the init script can administer the server
+    (it needs ``/etc/mysql/debian.cnf``). Where it cannot (a server started by
+    hand, as in the development container), the same two steps directly: a
+    clean ``mariadb-admin shutdown`` (root over TCP), then ``mariadbd`` started
+    again in a session of its own, with the server's own configuration.
+    Raises RuntimeError when either step fails or the server does not answer
+    60 s later. A ``max_allowed_packet`` raised at run time (``SET GLOBAL``, as
+    .ci/run does for the 32 MiB payload tests) is set again afterwards: a
+    restart would otherwise give the tests that follow the configured value.
+    """
+    packet = _max_allowed_packet()
+    if shutil.which("service") and os.path.exists("/etc/init.d/mariadb") and os.path.exists(DEBIAN_CNF):
+        done = subprocess.run(["service", "mariadb", "restart"], capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"service mariadb restart failed: {(done.stderr or done.stdout).strip()[-500:]}")
+    else:
+        if not os.access(MARIADBD, os.X_OK):
+            raise RuntimeError(f"no {DEBIAN_CNF} for the init script and no {MARIADBD} to start")
+        down = _mariadb_admin("shutdown", timeout=300)  # returns once the server has stopped
+        if down.returncode != 0:
+            raise RuntimeError(f"mariadb-admin shutdown failed: {down.stderr.strip()}")
+        for _ in range(120):
+            if _mariadb_admin("ping").returncode != 0:
+                break
+            time.sleep(0.5)
+        subprocess.Popen([MARIADBD], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True, close_fds=True)
+    for _ in range(120):
+        if _mariadb_admin("ping").returncode == 0:
+            if packet is not None and _max_allowed_packet() != packet:
+                _mysql_root(f"SET GLOBAL max_allowed_packet = {packet}")
+            return
+        time.sleep(0.5)
+    raise RuntimeError("MariaDB did not accept connections 60 s after its restart")
+
+
+def _mysql_root(sql: str) -> subprocess.CompletedProcess:
+    client = shutil.which("mariadb") or shutil.which("mysql") or "mysql"
+    return subprocess.run([client, "-h", "127.0.0.1", "-P", "3306", "-u", "root", "--connect-timeout=2", "-N", "-e", sql],
+                          capture_output=True, text=True, timeout=60)
+
+
+def _max_allowed_packet() -> int | None:
+    """The server's global ``max_allowed_packet`` in bytes (``None`` when it cannot be read)."""
+    done = _mysql_root("SELECT @@GLOBAL.max_allowed_packet")
+    try:
+        return int(done.stdout.strip()) if done.returncode == 0 else None
+    except ValueError:
+        return None
+
+
+def _restarter():
+    """``(name, restart function)`` for the database Django is connected to; RuntimeError when it cannot be restarted."""
+    vendor = connection.vendor
+    if vendor == "postgresql":
+        if _pg_cluster() is None:
+            raise RuntimeError("no Debian-style PostgreSQL cluster (pg_ctlcluster) to restart")
+        return "PostgreSQL", restart_postgres
+    if vendor == "mysql":
+        if not _mariadb_service():
+            raise RuntimeError("no way to restart the local MariaDB server (service mariadb, or mariadbd as root)")
+        return "MariaDB", restart_mariadb
+    raise RuntimeError("the database restart scenario needs a database server (PostgreSQL or MariaDB)")
+
+
 def db_restart(
     out: Path,
     *,
@@ -297,7 +383,7 @@ def db_restart(
     visibility_ms: int = 3000,
     progress=None,
 ) -> Outcome:
-    """Producers and workers run while PostgreSQL is restarted ``restarts`` times; all recover by themselves.
+    """Producers and workers run while the database server is restarted ``restarts`` times; all recover by themselves.
 
     Producers (separate processes) enqueue one job at a time, each with its
     own idempotency token, and repeat a token after a database error until it
@@ -305,11 +391,9 @@ def db_restart(
     every producer has enqueued; the restarts are spread over their first 80 %.
     Checked: every invariant, every producer's token is exactly one job, every
     worker saw the outage and reconnected, and no worker process died.
+    PostgreSQL is restarted with ``pg_ctlcluster``, MariaDB with ``service mariadb restart``.
     """
-    if connection.vendor != "postgresql":
-        raise RuntimeError("the database restart scenario needs PostgreSQL")
-    if _pg_cluster() is None:
-        raise RuntimeError("no Debian-style PostgreSQL cluster (pg_ctlcluster) to restart")
+    server, restart = _restarter()
     started = time.monotonic()
     _fresh([WORK])
     invariants.install()
@@ -338,9 +422,13 @@ def db_restart(
         for k in range(restarts):
             at = ready_at + seconds * 0.8 * (k + 1) / (restarts + 0.5)
             time.sleep(max(0.0, at - time.monotonic()))
-            _log(progress, f"db-restart: restarting PostgreSQL ({k + 1}/{restarts})")
+            _log(progress, f"db-restart: restarting {server} ({k + 1}/{restarts})")
             connections.close_all()
-            restart_postgres()
+            try:
+                restart()
+            except RuntimeError as exc:  # the scenario could run, but the restart itself failed: a failure
+                outcome.problems.append(f"restarting {server} failed: {exc}")
+                break
             connections.close_all()
             outcome.restarts += 1
         time.sleep(max(0.0, ready_at + seconds - time.monotonic()))

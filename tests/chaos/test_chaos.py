@@ -1,9 +1,10 @@
 """The chaos scenarios at CI size (slow tier): each must keep every invariant and report no problem.
 
 CI sizes (both database legs of ``make test-slow`` together stay around five
-minutes): a 20 s kill storm (from the first claim) fed in batches of 500
-jobs, stress 20 s, database restart 20 s, one partition round, SQLite busy
-writer 1,000 jobs. ``FQ_CHAOS_JOBS`` and
+minutes; a MariaDB leg runs the kill storm, stress and the restart): a 20 s
+kill storm (from the first claim) fed in batches of 500 jobs, stress 20 s,
+database restart 20 s, one partition round, SQLite busy writer 1,000 jobs.
+``FQ_CHAOS_JOBS`` and
 ``FQ_CHAOS_SECONDS`` scale them up for a longer local run; ``make chaos``
 runs the full sizes (20,000 jobs, 2 minutes) on a fresh database.
 Each test prints its summary line (``pytest -s`` shows it).
@@ -62,6 +63,16 @@ def test_stress_no_database_error_reaches_a_caller(out):
 def test_postgres_restarted_twice_producers_and_workers_recover(out):
     if scenarios._pg_cluster() is None:
         pytest.skip("needs a Debian-style PostgreSQL cluster (pg_ctlcluster)")
+    outcome = scenarios.db_restart(out, seconds=SECONDS, restarts=2)
+    _passed(outcome)
+    assert outcome.restarts == 2
+    assert outcome.report.jobs > 0 and outcome.notes["worker_db_errors"] >= 2  # every worker saw the outage
+
+
+@pytest.mark.mysql_only
+def test_mariadb_restarted_twice_producers_and_workers_recover(out):
+    if not scenarios._mariadb_service():
+        pytest.skip("needs a way to restart the local MariaDB server (service mariadb, or mariadbd as root)")
     outcome = scenarios.db_restart(out, seconds=SECONDS, restarts=2)
     _passed(outcome)
     assert outcome.restarts == 2

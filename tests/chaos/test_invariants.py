@@ -8,10 +8,11 @@ would have written it — and the checker must name exactly that violation.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
 
 from django_fq import services as fq
 
@@ -144,3 +145,103 @@ def test_a_token_answered_with_two_jobs_is_caught(history):
     report = invariants.check([Q], visibility_ms=60_000, producers=records)
     assert dict(report.by_kind) == {"token_ids": 1, "token_created": 1, "enqueued_missing": 1}
     assert report.lost == 1
+
+
+# --- withdrawn jobs against pruned ones (the rule in invariants' docstring, "Withdrawn jobs") -------------
+
+
+@pytest.fixture
+def audit():
+    """The audit alone, on an empty queue ``Q``."""
+    invariants.install()
+    try:
+        fq.configure(Q, backoff_ms=0, visibility_ms=60_000)
+        yield
+    finally:
+        invariants.uninstall()
+
+
+def _mariadb() -> bool:
+    return connection.vendor == "mysql" and connection.mysql_is_mariadb
+
+
+def _enqueue_in_another_connection(**kw):
+    """``fq.enqueue(Q, …)`` committed by a thread with its own connection; returns its result."""
+    out = {}
+
+    def run():
+        try:
+            out["result"] = fq.enqueue(Q, {"other": True}, **kw)
+        finally:
+            connections.close_all()
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    return out["result"]
+
+
+def _withdraw_for_real():
+    """Make MariaDB's store withdraw a job the way it does under load; return (holder, results, withdrawn uid).
+
+    The batch reads the active keys in a REPEATABLE READ snapshot taken
+    before another connection commits a job holding key ``k``, so it inserts
+    its own ``k`` job, meets the unique index, and deletes that job again in
+    the same transaction (``MysqlStore._insert_keys_sorted``), as a producer
+    racing another does between its read and its insert.
+    """
+    with transaction.atomic():
+        _sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # before the transaction's first statement
+        _sql("SELECT COUNT(*) FROM django_fq_job")  # InnoDB takes the snapshot at the first plain read
+        holder = _enqueue_in_another_connection(unique_key="k")
+        results = fq.enqueue_many(Q, [{"payload": 1, "unique_key": "k"}, {"payload": 2, "unique_key": "k2"}])
+    gone = _sql("SELECT uid, state FROM fqchaos_job_gone WHERE queue_id = (SELECT id FROM django_fq_queue WHERE name = %s)", [Q])
+    assert len(gone) == 1 and gone[0][1] == "queued", gone  # the store really inserted and deleted it
+    assert results[0].id == holder.id and not results[0].created and results[1].created
+    return holder, results, gone[0][0]
+
+
+def _records(results):
+    return [{"queue": Q, "id": r.id, "created": r.created, "token": None} for r in results]
+
+
+@pytest.mark.skipif("not _mariadb()", reason="only MariaDB's store inserts a job it may delete again")
+def test_a_job_withdrawn_by_its_own_enqueue_transaction_is_no_job(audit):
+    holder, results, withdrawn = _withdraw_for_real()
+    records = _records([holder, *results])
+    report = invariants.check([Q], visibility_ms=60_000, drained=False, producers=records)
+    assert report.ok, report.describe()
+    assert (report.withdrawn, report.jobs, report.pruned, report.lost) == (1, 2, 0, 0)
+    # The rule cannot be used to hide a lost job: had the enqueue returned the withdrawn job's id
+    # as created, that id names no job.
+    lie = [*records, {"queue": Q, "id": withdrawn, "created": True, "token": None}]
+    report = invariants.check([Q], visibility_ms=60_000, drained=False, producers=lie)
+    assert dict(report.by_kind) == {"enqueued_missing": 1} and report.lost == 1
+    # Nor a job someone had claimed: with a lease logged for it, it is an unfinished job deleted
+    # (and an ungranted lease, a claim the totals do not know, a job the totals never counted).
+    (seq,) = _sql("SELECT seq FROM fqchaos_job WHERE uid = %s", [withdrawn])[0]
+    _sql("INSERT INTO fqchaos_lease VALUES (%s, (SELECT id FROM django_fq_queue WHERE name = %s), 1, %s, 1, 2, NULL, 'w', 1)",
+         [seq, Q, "h" * 64])
+    assert _kinds(drained=False) == {"pruned_unfinished": 1, "lease_vanished": 1, "claimed": 1, "accounting": 1}
+
+
+def test_a_queued_job_deleted_after_its_enqueue_committed_is_caught(audit):
+    # Deleted by the very connection that enqueued it, but in the next transaction: a prune, never a withdrawal.
+    kept, pruned = fq.enqueue(Q, {"n": 1}), fq.enqueue(Q, {"n": 2})
+    _sql("DELETE FROM django_fq_job WHERE uid = %s", [pruned.id])
+    report = invariants.check([Q], visibility_ms=60_000, drained=False, producers=_records([kept, pruned]))
+    assert dict(report.by_kind) == {"pruned_unfinished": 1} and report.withdrawn == 0
+
+
+def test_a_job_deleted_by_the_transaction_that_counted_it_is_caught(audit):
+    # One transaction enqueues (counting the job in totals.enqueued, returning its id) and deletes it.
+    # MariaDB: a withdrawal by the rule, but not one the engine may make: the totals and the producer
+    # both know a job that never was. Elsewhere the transaction is not logged: an unfinished job deleted.
+    with transaction.atomic():
+        r = fq.enqueue(Q, {"n": 1})
+        _sql("DELETE FROM django_fq_job WHERE uid = %s", [r.id])
+    report = invariants.check([Q], visibility_ms=60_000, drained=False, producers=_records([r]))
+    if _mariadb():
+        assert dict(report.by_kind) == {"accounting": 1, "enqueued_missing": 1} and report.withdrawn == 1
+    else:
+        assert dict(report.by_kind) == {"pruned_unfinished": 1} and report.withdrawn == 0

@@ -13,7 +13,8 @@ from django.core.management import call_command
 
 from django_fq import health
 from django_fq import services as fq
-from django_fq.exceptions import InvalidArgument, InvalidQueueName, QueueNotFound
+from django_fq.exceptions import InvalidArgument, InvalidQueueName, PermanentFailure, QueueNotFound
+from django_fq.testing import drain
 
 pytestmark = pytest.mark.django_db
 
@@ -47,11 +48,16 @@ def checks(report) -> set[tuple[str, str, str]]:
     return {(p["check"], p["queue"], p["status"]) for p in report["problems"]}
 
 
+def _refuse(job):
+    raise PermanentFailure("no")
+
+
 def make_dead(queue: str, n: int) -> None:
+    """``n`` dead jobs on ``queue``: a handler that fails permanently, run by the test helpers' drain."""
     for _ in range(n):
         fq.enqueue(queue, {})
-    for job in fq.claim(queue, count=n):
-        fq.nack(queue, job.receipt, error="no", permanent=True)
+    report = drain(queue, handlers={queue: _refuse})
+    assert len(report.dead) == n == len(report.jobs)
 
 
 # --- ok ----------------------------------------------------------------------------------------------------

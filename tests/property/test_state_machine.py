@@ -721,7 +721,10 @@ def frozen_start(monkeypatch):
         FQ_TEST_CLOCK_OFFSET_MS=0, FQ_MAX_JOBS_PER_QUEUE=MAX_JOBS, FQ_MAX_TOKENS_PER_QUEUE=MAX_TOKENS
     ):
         start = fqdb.db_now_ms()
-        monkeypatch.setattr(fqdb, "now_sql", lambda conn=None: f"CAST({start + conf.clock_offset_ms():d} AS BIGINT)")
+        # A parenthesized integer literal: every backend reads it as a 64-bit integer (a ms epoch
+        # is past int4, so PostgreSQL types it bigint), where ``CAST(… AS BIGINT)`` is
+        # PostgreSQL/SQLite spelling that MariaDB/MySQL refuse (they cast to SIGNED).
+        monkeypatch.setattr(fqdb, "now_sql", lambda conn=None: f"({start + conf.clock_offset_ms():d})")
         assert fqdb.db_now_ms() == start
         yield start
 

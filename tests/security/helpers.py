@@ -45,16 +45,15 @@ def secrets_matching(text: str, hashes: set[str]) -> list[str]:
 
 
 def fq_table_text() -> str:
-    """Every row of every django_fq table, every column cast to text, as one string."""
+    """Every row of every django_fq table, every column cast to text (each backend's own cast), as one string."""
+    from django.db.models import F, TextField
+    from django.db.models.functions import Cast
+
     chunks = []
-    with connection.cursor() as cur:
-        for model in apps.get_app_config("django_fq").get_models():
-            table = model._meta.db_table
-            columns = [f.column for f in model._meta.concrete_fields]
-            cast = ", ".join(f"CAST({connection.ops.quote_name(c)} AS TEXT)" for c in columns)
-            cur.execute(f"SELECT {cast} FROM {connection.ops.quote_name(table)}")
-            for row in cur.fetchall():
-                chunks.append("\t".join("" if v is None else str(v) for v in row))
+    for model in apps.get_app_config("django_fq").get_models():
+        casts = {f"c{i}": Cast(F(f.attname), TextField()) for i, f in enumerate(model._meta.concrete_fields)}
+        for row in model._default_manager.using(connection.alias).annotate(**casts).values_list(*casts):
+            chunks.append("\t".join("" if v is None else str(v) for v in row))
     return "\n".join(chunks)
 
 

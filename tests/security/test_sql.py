@@ -439,6 +439,13 @@ def _sinks(modules):
                 receiver = func.value if isinstance(func, ast.Attribute) else None
                 if isinstance(receiver, ast.Name) and receiver.id == "self":
                     continue  # Worker.execute runs a job, not SQL
+                if (
+                    isinstance(receiver, ast.Attribute)
+                    and receiver.attr == "worker"
+                    and isinstance(receiver.value, ast.Name)
+                    and receiver.value.id == "self"
+                ):
+                    continue  # a runner pool's self.worker.execute: Worker.execute runs a job, not SQL
                 if isinstance(receiver, ast.Call) and getattr(receiver.func, "id", None) == "super":
                     continue
             elif name not in ("raw", "extra", "RawSQL"):

@@ -30,7 +30,8 @@ def frozen(db, clock, settings, monkeypatch):
     start = fqdb.db_now_ms()
 
     def frozen_now_sql(conn=None) -> str:
-        return f"CAST({start + conf.clock_offset_ms():d} AS BIGINT)"
+        # A bare integer literal: a bigint on every backend (MySQL has no CAST … AS BIGINT).
+        return f"({start + conf.clock_offset_ms():d})"
 
     monkeypatch.setattr(fqdb, "now_sql", frozen_now_sql)
     frozen = FrozenClock(clock, settings, start)

@@ -644,7 +644,7 @@ def test_concurrent_bulk_enqueues_sharing_tokens_and_keys_do_not_deadlock():
     assert sum(r.created for batch in results for r in batch) == len(tokens)
 
 
-@pytest.mark.postgres_only
+@pytest.mark.row_locks
 @pytest.mark.django_db(transaction=True)
 def test_an_open_caller_transaction_does_not_block_the_queue():
     """A producer holding its transaction open after an enqueue must not stall other producers or workers."""

@@ -27,6 +27,7 @@ OPS = {
     "nack": lambda q, r: fq.nack(q, r, error="boom"),
     "extend": lambda q, r: fq.extend(q, r, visibility_ms=1000),
     "release": lambda q, r: fq.release(q, r),
+    "progress": lambda q, r: fq.report_progress(q, r, 50, "half"),
 }
 
 
@@ -46,7 +47,7 @@ def test_receipt_works_one_ms_before_the_deadline(q, frozen, op):
     frozen.set(job.deadline - 1)
     OPS[op](q, job.receipt)
     info = fq.get(q, job.id)
-    expected = {"ack": "succeeded", "nack": "scheduled", "extend": "running", "release": "ready"}[op]
+    expected = {"ack": "succeeded", "nack": "scheduled", "extend": "running", "release": "ready", "progress": "running"}[op]
     assert info.state == expected
 
 

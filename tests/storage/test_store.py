@@ -7,6 +7,7 @@ branches on the backend except through the store's own flags.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from django.db import connection, connections, transaction
@@ -52,10 +53,12 @@ def test_flags_and_constants_are_declared():
         assert isinstance(text, str) and "%" not in text
     # A lock clause exactly where rows can be locked.
     assert bool(store.key_share_sql) is bool(store.skip_locked_sql) is store.supports_row_locks
-    # Today's backends: both have partial indexes; only a server database has the rest.
-    assert store.supports_partial_indexes
-    for flag in ("supports_skip_locked", "supports_row_locks", "supports_listen_notify", "supports_relaxed_commit", "supports_server_prepare"):
+    # Only a server database locks rows and skips locked ones.
+    for flag in ("supports_skip_locked", "supports_row_locks"):
         assert getattr(store, flag) is not store.embedded, flag
+    # What only PostgreSQL has, an embedded database never has.
+    for flag in ("supports_listen_notify", "supports_relaxed_commit", "supports_server_prepare"):
+        assert not (getattr(store, flag) and store.embedded), flag
 
 
 @pytest.mark.django_db
@@ -67,6 +70,26 @@ def test_clock_is_whole_epoch_milliseconds_and_does_not_go_back():
     assert 1_700_000_000_000 < first <= later  # epoch ms, not seconds or microseconds
     # db.now_sql is the store's clock plus the test offset only.
     assert db.now_sql(connection) == store.clock_sql
+
+
+@pytest.mark.django_db
+def test_clock_moves_inside_one_transaction():
+    # docs/reference/semantics.md §9 (Time): the time a statement runs, not the time its transaction began.
+    store = storage.for_connection(connection)
+    with transaction.atomic():
+        first = _one(f"SELECT {store.clock_sql}")[0]
+        start = time.monotonic()
+        while time.monotonic() - start < 0.03:
+            time.sleep(0.005)
+        second = _one(f"SELECT {store.clock_sql}")[0]
+    assert second - first >= 30
+
+
+@pytest.mark.django_db
+def test_prepare_connection_keeps_the_connection_usable():
+    store = storage.for_connection(connection)
+    store.prepare_connection(connection)  # what connection_created runs on django-fq's alias
+    assert _one("SELECT 1") == (1,)
 
 
 @pytest.mark.django_db
@@ -238,11 +261,21 @@ def test_skip_locked_passes_over_a_row_another_transaction_holds():
         assert held.wait(30)
         with transaction.atomic(), connection.cursor() as cur:
             cur.execute(f"SELECT id FROM {table} WHERE name = %s{store.skip_locked_sql}", ["st:skip"])
-            assert cur.fetchall() == []  # held by the other transaction: passed over, not waited for
+            assert list(cur.fetchall()) == []  # held by the other transaction: passed over, not waited for
     finally:
         done.set()
         thread.join(30)
     assert not errors
+
+
+@pytest.mark.django_db
+def test_schema_sql_only_where_the_models_cannot_say_it():
+    # Migration 0003 runs these; a backend with partial indexes needs none (and compares text byte for byte).
+    store = storage.for_connection(connection)
+    for reverse in (False, True):
+        statements = store.schema_sql(connection, reverse=reverse)
+        assert isinstance(statements, list) and all(isinstance(s, str) and "%" not in s for s in statements)
+        assert bool(statements) is not store.supports_partial_indexes
 
 
 @pytest.mark.django_db

@@ -17,10 +17,7 @@ ROOT = Path(__file__).resolve().parents[2] / "django_fq"
 VENDOR_NAMES = frozenset({"postgresql", "sqlite", "mysql", "oracle"})
 
 #: Files (relative to django_fq/) that still branch on the backend, and why they may for now.
-NOT_YET_MOVED: dict[str, str] = {
-    "services/leases.py": "claim, ack and expiry SQL per backend: moves whole in a later step of issue 13",
-    "services/enqueue.py": "the multi-row PostgreSQL insert and lock ordering: moves in a later step of issue 13",
-}
+NOT_YET_MOVED: dict[str, str] = {}
 
 
 def _branches(tree: ast.Module) -> list[int]:

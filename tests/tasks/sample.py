@@ -78,6 +78,24 @@ async def async_mul(a, b):
     return a * b
 
 
+@task(takes_context=True)
+async def where_am_i(context, label):
+    """Say which thread awaits this task and whether an event loop runs there; write a ``Done`` row (async ORM)."""
+    import threading
+
+    from django_fq.worker import current_job
+
+    await Done.objects.acreate(job_id=context.task_result.id, pid=os.getpid())
+    job = current_job()
+    return {
+        "label": label,
+        "thread": threading.current_thread().name,
+        "loop": asyncio.get_running_loop() is not None,
+        "job": job.id if job is not None else None,
+        "attempt": context.attempt,
+    }
+
+
 @task
 def give_up():
     raise PermanentFailure("no point retrying")

@@ -27,7 +27,7 @@ from django.db import connection
 from django_fq import backup, checks
 from django_fq import services as fq
 from django_fq.tasks import InvalidTask, TaskResultDoesNotExist, TaskResultStatus
-from django_fq.worker import Worker
+from django_fq.testing import drain
 from tests.tasks import sample
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -54,9 +54,6 @@ def hostile(task_path: str, *args, backend: str = "default", **changes) -> dict:
     return payload
 
 
-def drain(*queues: str):
-    worker = Worker(list(queues or (Q,)), burst=True, poll_interval_ms=10, reaper=False, concurrency=1)
-    return worker.run()
 
 
 def assert_dead_refused(job_id: str, words: str) -> str:
@@ -94,9 +91,10 @@ def test_c16_a_python_api_job_naming_a_callable_that_is_no_task_never_runs_it(tm
     marker = tmp_path / "ran"
     job = fq.enqueue(Q, hostile(path, _command(marker))).id
 
-    stats = drain()
+    report = drain(Q)
 
-    assert stats.ok == 0
+    assert report.stats.ok == 0
+    assert [(j.id, j.outcome) for j in report.jobs] == [(job, "dead")]
     error = assert_dead_refused(job, words)
     assert error.startswith(f"PermanentFailure: task {path!r} refused: ")
     assert not marker.exists()
@@ -106,7 +104,7 @@ def test_c16_a_module_outside_the_apps_is_not_even_imported(tmp_path):
     assert PROBE not in sys.modules
     job = fq.enqueue(Q, hostile(f"{PROBE}.run")).id
 
-    drain()
+    drain(Q)
 
     assert_dead_refused(job, f"module {PROBE!r} is neither inside an installed app")
     assert PROBE not in sys.modules
@@ -126,7 +124,7 @@ def test_c16_a_real_task_outside_the_allowed_modules_is_refused_at_enqueue_and_b
     assert not fq.queues() or fq.stats(Q).counts.get("ready", 0) == 0
 
     job = fq.enqueue(Q, hostile("tests.tasks.outside.probe", str(marker))).id  # written by hand
-    drain()
+    drain(Q)
     assert_dead_refused(job, "module 'tests.tasks.outside' is neither inside an installed app")
     assert not marker.exists()
 
@@ -147,7 +145,7 @@ def test_c16_a_task_field_that_is_not_a_dotted_path_is_refused(path, words):
     payload["task"] = path
     job = fq.enqueue(Q, payload).id
 
-    drain()
+    drain(Q)
 
     message = assert_dead_refused(job, words)
     assert len(message) < 400  # a long path is cut in the message
@@ -158,7 +156,7 @@ def test_c16_the_payloads_backend_must_be_a_django_fq_alias_serving_the_jobs_que
     other = fq.enqueue(Q, hostile("tests.tasks.sample.record", "x", backend="oncommit")).id
     unknown = fq.enqueue(Q, hostile("subprocess.getoutput", _command(marker), backend="nope")).id
 
-    drain()
+    drain(Q)
 
     assert_dead_refused(other, "the Tasks backend 'oncommit', which does not serve the queue 'tk.default'")
     assert_dead_refused(unknown, "the Tasks backend 'nope', which is not a django-fq alias of TASKS")
@@ -169,7 +167,7 @@ def test_c16_takes_context_and_queue_name_come_from_the_task_not_the_payload(bac
     # sample.add takes no context: a payload claiming it does cannot make the runner pass one.
     job = fq.enqueue(Q, hostile("tests.tasks.sample.add", 2, 3, takes_context=True, queue_name="low")).id
 
-    assert drain().ok == 1
+    assert drain(Q).stats.ok == 1
 
     done = backend.get_result(job)
     assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == 5
@@ -180,7 +178,7 @@ def test_c16_a_task_kept_under_another_name_than_its_function_still_runs(backend
     result = sample.renamed.enqueue(21)
     assert fq.get(Q, result.id).payload["task"] == "tests.tasks.sample._renamed_function"
 
-    assert drain().ok == 1
+    assert drain(Q).stats.ok == 1
 
     assert backend.get_result(result.id).return_value == 42
 
@@ -198,7 +196,7 @@ def test_c16_a_wrong_fq_task_modules_is_error_e008_and_refuses_every_task(settin
 
     assert [m.id for m in checks.check_settings(None)] == ["django_fq.E008"]
     job = fq.enqueue(Q, hostile("tests.tasks.sample.add", 1, 2)).id
-    drain()
+    drain(Q)
     assert_dead_refused(job, "FQ_TASK_MODULES must be a list of module names")
 
 
@@ -215,7 +213,7 @@ def test_c16_a_producer_posting_through_the_rest_api_cannot_run_a_shell_command(
 
     posted = producer.post(url("jobs", Q), {"payload": hostile("subprocess.getoutput", _command(marker))})
     assert posted.status_code == 201, posted.content
-    drain()
+    drain(Q)
 
     assert_dead_refused(posted.json()["id"], "module 'subprocess' is neither inside an installed app")
     assert not marker.exists()
@@ -227,7 +225,7 @@ def test_c16_a_job_written_by_fq_enqueue_cannot_run_a_shell_command(tmp_path):
     call_command("fq", "enqueue", Q, json.dumps(hostile("os.system", _command(marker))), "--json", stdout=out)
     job = json.loads(out.getvalue())["id"]
 
-    drain()
+    drain(Q)
 
     assert_dead_refused(job, "module 'os' is neither inside an installed app")
     assert not marker.exists()
@@ -244,7 +242,7 @@ def test_c16_a_job_restored_by_fq_import_cannot_run_a_shell_command(tmp_path):
 
     call_command("fq", "import", str(path), stdout=io.StringIO(), stderr=io.StringIO())
     assert fq.get(Q, job).state == "ready"
-    drain()
+    drain(Q)
 
     assert_dead_refused(job, "module 'subprocess' is neither inside an installed app")
     assert not marker.exists()

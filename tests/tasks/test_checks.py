@@ -117,13 +117,24 @@ def test_fq_worker_turns_an_invalid_backend_into_one_line(settings):
 
 
 def _manage(*args: str, settings: str = "tests.tasks.bad_settings", **env_vars: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, **env_vars)
+    """Run ``python -m django ARGS`` with ``settings``; on a server, against a database that exists.
+
+    Django 6.x's model checks connect on MariaDB/MySQL, and the test settings'
+    default database name (``fq``) need not exist there: the child is given
+    this session's test database (made by ``django_db_setup``).
+    """
+    from django.db import connection
+
+    env = dict(os.environ)
+    env.setdefault("FQ_TEST_MYSQL_NAME", str(connection.settings_dict["NAME"]))
+    env.update(env_vars)
     env.update(DJANGO_SETTINGS_MODULE=settings, PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
     return subprocess.run(
         [sys.executable, "-m", "django", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
 
 
+@pytest.mark.usefixtures("django_db_setup")
 def test_in_a_real_process_check_fails_and_fq_worker_says_one_line():
     checked = _manage("check")
     assert checked.returncode == 1
@@ -201,6 +212,7 @@ def test_an_option_out_of_range_says_its_range_once():
 # --- E007: a django-fq backend without the django_fq app ------------------------------------------
 
 
+@pytest.mark.usefixtures("django_db_setup")
 def test_a_backend_without_django_fq_installed_is_e007_with_a_hint_not_a_crash():
     """The backend is built while Django sets up (an app's models import its tasks): no RuntimeError."""
     checked = _manage("check", settings="tests.checkapps.settings_no_fq")

@@ -346,3 +346,47 @@ def test_fq_worker_runs_tasks_found_by_autodiscovery(backend):
     assert [e.exception_class for e in failed.errors] == [sample.Boom] * 3
     assert backend.get_result(awaited.id).return_value == 15
     assert backend.get_result(low.id).return_value == 42
+
+
+# --- async @task functions: awaited on the worker's event loop ----------------------------------
+
+
+def test_an_async_task_is_awaited_on_the_workers_event_loop_not_a_thread_per_job(backend):
+    results = [sample.where_am_i.enqueue(f"in-process {n}") for n in range(3)]
+    synced = sample.add.enqueue(1, 2)
+
+    stats = drain(concurrency=2)
+
+    assert stats.ok == 4
+    for n, result in enumerate(results):
+        done = backend.get_result(result.id)
+        assert done.status == TaskResultStatus.SUCCESSFUL
+        expected = {"label": f"in-process {n}", "thread": "fq-asyncio", "loop": True, "job": result.id, "attempt": 1}
+        assert done.return_value == expected
+        assert Done.objects.filter(job_id=result.id).exists()
+    assert backend.get_result(synced.id).return_value == 3  # a sync task of the same queue ran on a thread
+
+
+def test_fq_worker_awaits_async_tasks_on_its_event_loop(backend):
+    awaited = sample.where_am_i.enqueue("child")
+
+    proc = run_fq_worker("--queue", Q, "--worker-id", "child-worker")
+
+    assert "1 jobs ok" in proc.stdout
+    done = backend.get_result(awaited.id)
+    assert done.status == TaskResultStatus.SUCCESSFUL
+    assert done.return_value["thread"] == "fq-asyncio" and done.return_value["job"] == awaited.id
+    assert Done.objects.get(job_id=awaited.id).pid != os.getpid()
+
+
+def test_sync_only_middleware_sends_async_tasks_to_the_runner_threads(backend, settings, caplog):
+    settings.FQ_HANDLER_MIDDLEWARE = ["tests.middleware.mw.outer"]  # no async form: it cannot wrap arun_task
+    result = sample.where_am_i.enqueue("through async_to_sync")
+
+    with caplog.at_level("WARNING", logger="django_fq.worker"):
+        stats = drain()
+
+    assert stats.ok == 1
+    done = backend.get_result(result.id).return_value
+    assert done["thread"] != "fq-asyncio" and done["label"] == "through async_to_sync"
+    assert any("worker.async_off" in r.getMessage() and Q in r.getMessage() for r in caplog.records)

@@ -21,6 +21,10 @@ from django_fq.models import Lease, Queue
 ROOT = Path(__file__).resolve().parents[2]
 
 
+#: The ``FQ_TEST_DB`` value (tests/settings.py) of each Django ``connection.vendor``.
+TEST_DB_OF_VENDOR = {"postgresql": "postgres", "sqlite": "sqlite", "mysql": "mariadb"}
+
+
 def child_env(clock_offset_ms: int | None = None, **extra: str) -> dict:
     """Environment of a child process on this test's database (and DB clock offset)."""
     env = dict(os.environ)
@@ -31,7 +35,7 @@ def child_env(clock_offset_ms: int | None = None, **extra: str) -> dict:
         PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
         FQ_CHILD_DB_NAME=str(connection.settings_dict["NAME"]),
         FQ_CHILD_CLOCK_OFFSET_MS=str(clock_offset_ms),
-        FQ_TEST_DB="postgres" if connection.vendor == "postgresql" else "sqlite",
+        FQ_TEST_DB=TEST_DB_OF_VENDOR[connection.vendor],
     )
     env.pop("FQ_TEST_WORKER_FAULTS", None)
     env.pop("FQ_WORKER_SUPERVISOR_PID", None)

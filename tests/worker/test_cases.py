@@ -24,7 +24,9 @@ from tests.testapp.models import Done
 
 from .helpers import LeaseSampler, live_leases, touch, wait_until
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Real fq_worker processes: make test runs these once per database, on the Django 6.x runs
+# (one_django); the in-process tests of the same code run on every run.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_django]
 
 Q = "t.ctl"
 #: Poll, reap and back off quickly in every test worker.
@@ -348,7 +350,7 @@ def test_c12_ack_interrupted_by_a_dropped_connection_is_retried_safely(workers, 
     succeeded once (a repeat of a committed ack is answered as a replay).
     """
     ids = [fq.enqueue(Q, {"events": events.path, "done": True, "n": n}).id for n in range(2)]
-    worker = workers(f"--queue={Q}", "--burst", *FAST, env={"FQ_TEST_WORKER_FAULTS": fault})
+    worker = workers(f"--queue={Q}", "--burst", *FAST, env={"DJANGO_SETTINGS_MODULE": "tests.worker_fault_settings", "FQ_TEST_WORKER_FAULTS": fault})
     assert worker.wait(timeout=30) == 0, worker.stderr
 
     for job in ids:

@@ -85,7 +85,7 @@ def test_reaper_round_prunes_and_runs_due_periodic_jobs_and_survives_their_error
     monkeypatch.setattr(services, "prune", counting_prune)
     fake = FakeScheduler()
     worker = Worker([Q], handlers={Q: ok_handler}, reaper_interval_ms=20, prune_interval_ms=60_000, poll_interval_ms=10)
-    monkeypatch.setattr(worker, "_scheduler_module", lambda: fake)
+    monkeypatch.setattr(worker.reaping, "scheduler_module", lambda: fake)
     with caplog.at_level(logging.INFO, logger="django_fq.worker"):
         run_for(worker, 0.4)
 
@@ -97,7 +97,7 @@ def test_reaper_round_prunes_and_runs_due_periodic_jobs_and_survives_their_error
 
     prunes["n"] = 0
     quiet = Worker([Q], handlers={Q: ok_handler}, reaper_interval_ms=20, prune_interval_ms=0, poll_interval_ms=10)
-    monkeypatch.setattr(quiet, "_scheduler_module", lambda: None)
+    monkeypatch.setattr(quiet.reaping, "scheduler_module", lambda: None)
     run_for(quiet, 0.2)
     assert prunes["n"] == 0
 
@@ -244,11 +244,89 @@ def test_listener_calls_subscribers_on_each_committed_enqueue(settings):
         listener._thread.join(timeout=5)
 
 
-@pytest.mark.sqlite_only
-def test_listener_is_inactive_on_sqlite_and_the_worker_polls():
+def test_the_listener_listens_exactly_where_the_database_can_notify():
+    from django.db import connection
+
+    from django_fq import storage, wakeup
+
+    assert wakeup.listener().active is storage.for_connection(connection).supports_listen_notify
+
+
+def _listening_now():
+    """The process's listener, once it hears other processes (where the database can notify)."""
     from django_fq import wakeup
 
-    assert wakeup.listener().active is False
+    listener = wakeup.listener()
+    deadline = time.monotonic() + 10
+    while listener.active and not listener.listening and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert listener.listening or not listener.active
+    return listener
+
+
+def test_an_enqueue_in_the_workers_own_process_wakes_it_at_once(monkeypatch):
+    """An idle worker polling every 10 s starts a job enqueued by its own process within 2 s, on every database.
+
+    Where the database cannot notify (docs/reference/semantics.md §7: workers poll), the enqueue's
+    commit wakes this process's waiters itself; on PostgreSQL the NOTIFY does.
+    """
+    fq.configure(Q)
+    _listening_now()
+    asks = record_claims(monkeypatch)
+    started = threading.Event()
+    worker = Worker(
+        [Q],
+        handlers={Q: lambda job: started.set()},
+        poll_interval_ms=10_000,
+        max_poll_interval_ms=10_000,
+        reaper=False,
+    )
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not asks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert asks == [(asks[0][0], 0)]  # one empty round: the worker sleeps now, for 10 s
+        time.sleep(0.2)  # well into that sleep
+        t0 = time.monotonic()
+        fq.enqueue(Q, {})
+        assert started.wait(5)
+        assert time.monotonic() - t0 < 2.0
+        # Woken, not a poll: the very next claim took the job. (Once the job is done its freed
+        # slot may ring for one more, empty, claim: that one comes after and proves nothing.)
+        assert asks[1] == (asks[0][0], 1)
+    finally:
+        worker.request_stop("test over")
+        thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
+def test_an_in_process_wakeup_comes_at_commit_and_never_after_a_rollback():
+    from django.db import transaction
+
+    listener = _listening_now()
+    seen: list = []
+    record = seen.append
+    listener.subscribe(record)
+    try:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            fq.enqueue(Q, {"n": 1})
+            assert Q not in seen  # not before the commit
+            raise RuntimeError
+        mark = listener.mark()
+        assert not listener.wait(mark, {Q}, 0.3)
+        assert Q not in seen
+        with transaction.atomic():
+            fq.enqueue(Q, {"n": 2})
+            assert Q not in seen
+        assert listener.wait(mark, {Q}, 5)
+        deadline = time.monotonic() + 5
+        while Q not in seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert Q in seen
+    finally:
+        listener.unsubscribe(record)
 
 
 def test_prefetch_claims_ahead_and_a_stop_gives_unstarted_jobs_back_at_once():

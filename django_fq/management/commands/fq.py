@@ -34,7 +34,7 @@ from django.core.management.base import BaseCommand, CommandError, SystemCheckEr
 from django.db import OperationalError, ProgrammingError
 from django.utils.connection import ConnectionDoesNotExist
 
-from ... import backup, health, services
+from ... import backup, conf, health, services, validation
 from ...exceptions import FqError, InvalidArgument, InvalidBackup, InvalidJson
 from ...types import STATE_NAMES, TOTAL_NAMES
 from ...validation import file_path, parse_json
@@ -66,6 +66,8 @@ OPTION_OF_FIELD = {
     "state": "--state",
     "cursor": "--cursor",
     "retention_ms": "--retention",
+    "progress": "PERCENT",
+    "message": "--message",
     "limit": "--limit",
     "stuck_lease_ms": "--stuck-lease-ms",
     "max_dead": "--max-dead",
@@ -167,7 +169,7 @@ class Command(BaseCommand):
             "enqueue-many",
             "Add many jobs in one transaction (all or nothing) from a JSON array of envelopes or JSON lines "
             '(one envelope per line). An envelope is {"payload": ..., "priority", "delay_ms", "at", '
-            '"idempotency", "idempotency_retention_ms", "unique_key", "max_attempts", "timeout_ms"}.',
+            '"idempotency", "idempotency_retention_ms", "unique_key", "max_attempts", "timeout_ms", "metadata"}.',
         )
         queue(p)
         p.add_argument("source", metavar="SOURCE", help="file path, or - to read stdin")
@@ -189,13 +191,19 @@ class Command(BaseCommand):
         p.add_argument("--error", metavar="TEXT", help="error text to record")
         p.add_argument("--permanent", action="store_true", help="make the job dead now, whatever its attempts")
 
-        p = op("release", "Give a job back: ready again now, the attempt not counted.")
+        p = op("release", "Give a job back, the attempt not counted: ready again now, or after --delay-ms (a snooze).")
         self._receipt(p)
-        p.add_argument("--error", metavar="TEXT", help='reason to record (default "released")')
+        p.add_argument("--error", metavar="TEXT", help='reason to record (default "released", or "snoozed" with --delay-ms)')
+        p.add_argument("--delay-ms", dest="delay_ms", type=_integer, metavar="MS", help="eligible again this long from now (0 - 30 days; default: now)")
 
         p = op("extend", "Move a lease's deadline to now + --visibility; prints the new deadline.")
         self._receipt(p)
         p.add_argument("--visibility", dest="visibility_ms", type=_integer, metavar="MS", required=True, help="1 ms - 24 h")
+
+        p = op("progress", "Store how far the running job of a receipt got: a percentage and a short message.")
+        self._receipt(p)
+        p.add_argument("progress", metavar="PERCENT", type=_number, help="a number from 0 to 100")
+        p.add_argument("--message", default="", metavar="TEXT", help="at most 200 characters (default: none)")
 
         for name, text in (
             ("get", "Show a job: metadata, payload, result and error history."),
@@ -212,6 +220,7 @@ class Command(BaseCommand):
         p.add_argument("--state", choices=STATE_NAMES, help="only jobs in this state")
         p.add_argument("--cursor", help="next_cursor of the previous page")
         p.add_argument("--count", type=_integer, default=20, metavar="N", help="page size (1-1000, default 20)")
+        p.add_argument("--tag", metavar="TAG", help='only jobs whose metadata "tags" hold TAG (exact)')
 
         p = op("stats", "Show counts per state, totals, and wait/run time sums of a queue.")
         queue(p)
@@ -280,6 +289,7 @@ class Command(BaseCommand):
         p.add_argument("--unique-key", dest="unique_key", metavar="KEY", help="coalesce onto the active job holding this key")
         p.add_argument("--max-attempts", dest="max_attempts", type=_integer, metavar="N", help="1-1000 (default: the queue's policy)")
         p.add_argument("--timeout", dest="timeout_ms", type=_integer, metavar="MS", help="0 - 7 days, 0 = none (default: the queue's policy)")
+        p.add_argument("--metadata", metavar="JSON", help='job metadata, a JSON object (e.g. \'{"tenant": "acme", "tags": ["eu"]}\'); at most FQ_MAX_METADATA_BYTES')
 
     # --- dispatch -------------------------------------------------------------------------
 
@@ -375,6 +385,8 @@ class Command(BaseCommand):
     def do_enqueue(self, o):
         text = self._read("payload", o["payload"]) if o["payload"] == "-" else o["payload"]
         payload, _, _ = parse_json(text, "payload")
+        # Any JSON value: enqueue refuses what is not an object, naming the field.
+        metadata = None if o["metadata"] is None else parse_json(o["metadata"], "metadata", conf.max_metadata_bytes())[0]
         res = services.enqueue(
             o["queue"],
             payload,
@@ -386,6 +398,7 @@ class Command(BaseCommand):
             unique_key=o["unique_key"],
             max_attempts=o["max_attempts"],
             timeout_ms=o["timeout_ms"],
+            metadata=cast(dict, metadata),
         )
         self._emit(_enqueued(res), _enqueued_line)
 
@@ -460,7 +473,7 @@ class Command(BaseCommand):
         )
 
     def do_release(self, o):
-        self._settled(services.release(o["queue"], o["receipt"], error=o["error"]))
+        self._settled(services.release(o["queue"], o["receipt"], error=o["error"], delay_ms=o["delay_ms"]))
 
     def _settled(self, res):
         def human(d):
@@ -476,6 +489,11 @@ class Command(BaseCommand):
     def do_extend(self, o):
         deadline = services.extend(o["queue"], o["receipt"], visibility_ms=o["visibility_ms"])
         self._emit({"deadline": deadline}, lambda d: f"deadline {_when(d['deadline'])}")
+
+    def do_progress(self, o):
+        services.report_progress(o["queue"], o["receipt"], o["progress"], o["message"])
+        value, message = validation.progress(o["progress"], o["message"])
+        self._emit({"progress": value, "message": message}, lambda d: f"progress {d['progress']:g}% stored")
 
     # --- inspection and repair ----------------------------------------------------------------
 
@@ -498,17 +516,17 @@ class Command(BaseCommand):
         self._emit(asdict(info), _job_text)
 
     def do_jobs(self, o):
-        page = services.jobs(o["queue"], state=o["state"], cursor=o["cursor"], count=o["count"])
+        page = services.jobs(o["queue"], state=o["state"], cursor=o["cursor"], count=o["count"], tag=o["tag"])
         data = {"jobs": [_listed(j) for j in page.jobs], "next_cursor": page.next_cursor}
 
         def human(d):
             if not d["jobs"]:
                 text = "no jobs"
             else:
-                head = ["ID", "STATE", "PRIORITY", "ATTEMPTS", "RUN_AT", "CHANGED_AT", "LAST_ERROR"]
+                head = ["ID", "STATE", "PRIORITY", "ATTEMPTS", "RUN_AT", "CHANGED_AT", "TAGS", "LAST_ERROR"]
                 body = [
                     [j["id"], j["state"], j["priority"], f"{j['attempts']}/{j['max_attempts']}",
-                     j["run_at"], j["changed_at"], _first_line(j["last_error"], 60)]
+                     j["run_at"], j["changed_at"], ",".join(j["tags"]) or "-", _first_line(j["last_error"], 60)]
                     for j in d["jobs"]
                 ]  # fmt: skip
                 text = _table(head, body)
@@ -633,6 +651,18 @@ class Command(BaseCommand):
 
 
 _DECIMAL = re.compile(r"[+-]?[0-9]+")
+
+
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def _number(text: str) -> float | str:
+    """A decimal number (ASCII, as JSON writes them) as a float; other text is passed on as it is.
+
+    The service then refuses it with field ``progress`` (``nan`` and ``inf`` are not numbers here).
+    """
+    stripped = text.strip()
+    return float(stripped) if _NUMBER.fullmatch(stripped) else text
 
 
 def _integer(text: str) -> int:
@@ -766,7 +796,10 @@ def _job_text(d: dict) -> str:
         ("unique_key", d["unique_key"] or "-"),
         ("idempotency", d["idempotency"] or "-"),
         ("worker", d["worker"] or "-"),
+        ("progress", _progress_text(d)),
         ("last_error", _first_line(d["last_error"], 200) or "-"),
+        ("tags", ",".join(d["tags"]) or "-"),
+        ("metadata", _dumps(d["metadata"])),
         ("payload", _dumps(d["payload"])),
         ("result", _dumps(d["result"])),
         ("errors", len(d["errors"])),
@@ -779,6 +812,14 @@ def _job_text(d: dict) -> str:
                 f"{' on ' + e['worker'] if e.get('worker') else ''}: {_first_line(e.get('error', ''), 200)}"
             )
     return text
+
+
+def _progress_text(d: dict) -> str:
+    """The last progress report of a job for people: ``42.5% rows 425 of 1000 (at …)``, or ``-``."""
+    if d.get("progress") is None:
+        return "-"
+    message = f" {_first_line(d['progress_message'], 200)}" if d.get("progress_message") else ""
+    return f"{d['progress']:g}%{message} (at {_when(d['progress_at'])})"
 
 
 def _when(ms) -> str:

@@ -20,6 +20,7 @@ queues draining (not when stderr is not a terminal, nor with ``--no-progress``).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shutil
@@ -30,27 +31,24 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import Tags
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, OperationalError, connections
 
-from django_fq import conf, services, storage, validation
+from django_fq import conf, services, storage
 from django_fq.checks import HandlerLoadError, load_handlers
 from django_fq.exceptions import InvalidArgument, QueueNotFound
 from django_fq.worker import (
     EX_CONFIG,
-    MAX_PREFETCH,
     SUPERVISOR_ENV,
     Supervisor,
     Worker,
     WorkerConfigError,
+    WorkerOptions,
     child_command,
     emit,
 )
 
-#: Longest accepted --poll-interval / --max-poll-interval / --reaper-interval / --prune-interval: one hour.
-MAX_INTERVAL_MS = 3_600_000
-#: Most threads (--concurrency) and processes (--processes) one command runs.
-MAX_CONCURRENCY, MAX_PROCESSES = 1000, 256
 #: Waiting for SQLite's write lock at start: first pause and longest pause between tries, in seconds.
 _LOCK_WAIT_FIRST_S, _LOCK_WAIT_MAX_S = 0.25, 5.0
 
@@ -61,91 +59,8 @@ class Command(BaseCommand):
     _running = False
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
-            "--queue",
-            action="append",
-            dest="queues",
-            metavar="QUEUE",
-            help="Queue to serve (repeatable). Default: every queue with a registered handler.",
-        )
-        parser.add_argument("--concurrency", type=int, default=1, metavar="N", help="Jobs run at once per process (threads). Default 1.")
-        parser.add_argument(
-            "--prefetch",
-            type=int,
-            default=0,
-            metavar="N",
-            help="Jobs claimed ahead of a free thread (0-10000), so short jobs are claimed in bigger batches. Default 0.",
-        )
-        parser.add_argument(
-            "--processes",
-            type=int,
-            default=1,
-            metavar="P",
-            help="Worker processes to run under a supervisor that restarts crashed ones and forwards signals. Default 1.",
-        )
-        parser.add_argument(
-            "--burst",
-            action="store_true",
-            help="Exit (status 0) once no served queue has an eligible job and none runs; scheduled jobs are not waited for.",
-        )
-        parser.add_argument(
-            "--visibility",
-            type=int,
-            metavar="MS",
-            help="Lease length of each claim in ms (1 ms - 24 h); heartbeats extend it by as much. Default: each queue's policy.",
-        )
-        parser.add_argument(
-            "--grace",
-            type=float,
-            default=30.0,
-            metavar="SECONDS",
-            help="On SIGTERM/SIGINT, how long running jobs may still finish before they are released. Default 30.",
-        )
-        parser.add_argument(
-            "--poll-interval",
-            type=int,
-            default=200,
-            metavar="MS",
-            help="First pause (ms) when there is no work; it doubles while idle up to --max-poll-interval. Default 200.",
-        )
-        parser.add_argument(
-            "--max-poll-interval",
-            type=int,
-            default=1000,
-            metavar="MS",
-            help="Longest idle pause (ms). PostgreSQL wakes idle workers at once on enqueue anyway. Default 1000.",
-        )
-        parser.add_argument(
-            "--reaper-interval",
-            type=int,
-            default=1000,
-            metavar="MS",
-            help="Run the reaper (expire abandoned leases, periodic jobs) this often, in ms. Default 1000.",
-        )
-        parser.add_argument(
-            "--prune-interval",
-            type=int,
-            default=60_000,
-            metavar="MS",
-            help="Prune finished jobs and expired tokens this often (with the reaper), in ms; 0 disables. Default 60000.",
-        )
-        parser.add_argument("--no-reaper", action="store_true", help="Do not run the reaper in this worker.")
-        parser.add_argument("--max-jobs", type=int, metavar="N", help="Stop after N jobs (per process).")
-        parser.add_argument("--worker-id", metavar="ID", help="Worker id recorded on leases (default host:pid:random).")
-        parser.add_argument("--no-progress", action="store_true", help="No progress bar with --burst, even on a terminal.")
-        parser.add_argument(
-            "--metrics-port",
-            type=int,
-            metavar="PORT",
-            help="Serve this process's Prometheus metrics over HTTP on this port (0: any free port, logged). "
-            "With --processes P, worker i listens on PORT+i. Needs prometheus-client (django-fq[metrics]).",
-        )
-        parser.add_argument(
-            "--metrics-addr",
-            default="127.0.0.1",
-            metavar="ADDR",
-            help="Address the metrics server listens on. Default 127.0.0.1 (this host only).",
-        )
+        """Every option of :class:`~django_fq.worker.WorkerOptions` (flags, defaults, help come from there)."""
+        WorkerOptions.add_arguments(parser)
 
     def execute(self, *args, **options):
         """Run the command; in a supervised child, a :class:`CommandError` before the worker runs exits 78.
@@ -207,7 +122,14 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         self._setup_logging(options["verbosity"])
-        self._validate(options)
+        opts = WorkerOptions.from_options(options)
+        try:
+            opts.validate()
+        except WorkerConfigError as exc:
+            raise CommandError(str(exc)) from None
+        if opts.metrics_port is not None:
+            self._metrics_subscriber_class()  # fail now, not in every child, when prometheus-client is missing
+        self._tracing_subscribers()  # FQ_TRACING without the OpenTelemetry API: fail now, not in every child
         self._check_database(options)
         try:
             load_handlers()
@@ -216,44 +138,39 @@ class Command(BaseCommand):
             # a bad TASKS backend (InvalidTaskBackend): one line, no traceback.
             raise CommandError(str(exc)) from exc
 
-        if options["processes"] > 1 and not os.environ.get(SUPERVISOR_ENV):
-            self._supervise(options)
+        if opts.processes > 1 and not os.environ.get(SUPERVISOR_ENV):
+            self._supervise(opts, options["verbosity"])
             return
 
         supervisor = os.environ.get(SUPERVISOR_ENV)
-        worker_id = options["worker_id"]
-        if worker_id and supervisor and os.environ.get("FQ_WORKER_INDEX"):
-            worker_id = f"{worker_id}-{os.environ['FQ_WORKER_INDEX']}"
-        worker_class = Worker
-        if options["metrics_port"] is not None:
-            worker_class = self._metrics_worker_class()
+        kwargs = opts.worker_kwargs()
+        if opts.worker_id and supervisor and os.environ.get("FQ_WORKER_INDEX"):
+            kwargs["worker_id"] = f"{opts.worker_id}-{os.environ['FQ_WORKER_INDEX']}"
+        subscribers = []
+        if opts.metrics_port is not None:
+            subscribers.append(self._metrics_subscriber_class()())
+        subscribers.extend(self._tracing_subscribers())
         try:
-            worker = worker_class(
-                options["queues"],
-                concurrency=options["concurrency"],
-                prefetch=options["prefetch"],
-                visibility_ms=options["visibility"],
-                poll_interval_ms=options["poll_interval"],
-                max_poll_interval_ms=options["max_poll_interval"],
-                reaper_interval_ms=options["reaper_interval"],
-                prune_interval_ms=options["prune_interval"],
-                reaper=not options["no_reaper"],
-                grace_s=options["grace"],
-                burst=options["burst"],
-                max_jobs=options["max_jobs"],
-                worker_id=worker_id,
+            worker = Worker(
                 install_signals=True,
                 supervisor_pid=int(supervisor) if supervisor else None,
+                subscribers=subscribers,
+                **kwargs,
             )
         except WorkerConfigError as exc:
             raise CommandError(str(exc)) from exc
 
         server = None
-        if options["metrics_port"] is not None:
-            server = self._serve_metrics(options)
+        if opts.metrics_port is not None:
+            server = self._serve_metrics(opts)
         progress = None
-        if options["burst"] and not options["no_progress"] and _isatty(sys.stderr):
+        if opts.burst and not opts.no_progress and _isatty(sys.stderr):
             progress = _DrainProgress(worker)
+        # Everything loaded so far (Django, the project, the handlers) lives as long as the
+        # process: keep it out of the cyclic collector's full passes, which a worker making
+        # objects for thousands of jobs a second would otherwise run over all of it
+        # (docs/performance.md#where-a-jobs-time-goes). Before a process pool forks, too.
+        gc.freeze()
         self._running = True
         try:
             if progress is not None:
@@ -263,6 +180,8 @@ class Command(BaseCommand):
                 stats = worker.run()
         except InvalidArgument as exc:  # a value every claim refuses: never a traceback, never "0 jobs ok"
             raise CommandError(f"fq_worker: {exc.message}") from exc
+        except WorkerConfigError as exc:  # --pool processes: a child process could not start
+            raise CommandError(str(exc)) from exc
         except DatabaseError as exc:  # only a --burst run gives up on the database
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if "django_fq_" in text:  # a missing table: the database is there, the migrations are not
@@ -272,7 +191,7 @@ class Command(BaseCommand):
             if server is not None:
                 server.shutdown()
                 server.server_close()
-        if options["burst"] or options["max_jobs"] is not None:
+        if opts.burst or opts.max_jobs is not None:
             line = f"fq_worker: {stats.ok} jobs ok, {stats.failed} failed"
             if stats.timed_out:
                 line += f", {stats.timed_out} timed out"
@@ -282,75 +201,32 @@ class Command(BaseCommand):
                 line += f", {stats.released} released"
             self.stdout.write(line)
 
-    def _validate(self, options: dict) -> None:
-        for name in options["queues"] or ():
-            try:
-                validation.queue_name(name)
-            except InvalidArgument:
-                raise CommandError(f"invalid queue name {name!r}: use 1-200 characters from [A-Za-z0-9:._-]") from None
-        worker_id = options["worker_id"]
-        if worker_id is not None:
-            # Checked here, not at the first claim: every claim would refuse it and the jobs would
-            # stay ready. Supervised children add "-INDEX", so the longest of those must fit too.
-            longest = worker_id + (f"-{options['processes'] - 1}" if options["processes"] > 1 else "")
-            try:
-                if not worker_id:
-                    raise InvalidArgument("empty", field="--worker-id")
-                validation.worker_id(longest, "--worker-id")
-            except InvalidArgument:
-                limit = 200 - (len(longest) - len(worker_id))
-                raise CommandError(
-                    f"--worker-id must be 1-{limit} characters of valid UTF-8 text without NUL"
-                    + (f" (with --processes {options['processes']}, each process adds -INDEX)" if limit < 200 else "")
-                ) from None
-        if not 0 <= options["prefetch"] <= MAX_PREFETCH:
-            raise CommandError(f"--prefetch must be between 0 and {MAX_PREFETCH}")
-        visibility = options["visibility"]
-        if visibility is not None:
-            try:
-                validation.visibility(visibility)
-            except InvalidArgument as exc:
-                raise CommandError(f"--visibility: {exc.message}") from exc
-        for flag, key in (
-            ("--poll-interval", "poll_interval"),
-            ("--max-poll-interval", "max_poll_interval"),
-            ("--reaper-interval", "reaper_interval"),
-            ("--prune-interval", "prune_interval"),
-        ):
-            if not 0 <= options[key] <= MAX_INTERVAL_MS:
-                raise CommandError(f"{flag} must be between 0 and {MAX_INTERVAL_MS} ms")
-        if options["max_poll_interval"] < options["poll_interval"]:
-            raise CommandError("--max-poll-interval must not be below --poll-interval")
-        if options["max_jobs"] is not None and options["max_jobs"] < 1:
-            raise CommandError("--max-jobs must be at least 1")
-        if not 1 <= options["concurrency"] <= MAX_CONCURRENCY:
-            raise CommandError(f"--concurrency must be between 1 and {MAX_CONCURRENCY}")
-        if not 1 <= options["processes"] <= MAX_PROCESSES:
-            raise CommandError(f"--processes must be between 1 and {MAX_PROCESSES}")
-        if not 0 <= options["grace"] <= 86_400:
-            raise CommandError("--grace must be between 0 and 86400 seconds")
-        port = options["metrics_port"]
-        if port is not None:
-            last = port + (options["processes"] - 1 if port else 0)
-            if port < 0 or last > 65535:
-                raise CommandError("--metrics-port must be between 0 and 65535 (with --processes P, PORT+P-1 at most 65535)")
-            self._metrics_worker_class()  # fail now, not in every child, when prometheus-client is missing
+    @staticmethod
+    def _tracing_subscribers() -> list:
+        """The tracing subscriber when ``FQ_TRACING = True`` (django_fq.tracing), else none; a bad setup is a CommandError."""
+        from django_fq import tracing
+
+        try:
+            return tracing.worker_subscribers()
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
 
     @staticmethod
-    def _metrics_worker_class():
+    def _metrics_subscriber_class():
         try:
-            from django_fq.metrics.worker import MetricsWorker
+            from django_fq.metrics.worker import MetricsSubscriber
         except ImportError as exc:
             raise CommandError(
                 f"--metrics-port needs the prometheus-client package (pip install 'django-fq[metrics]'): {exc}"
             ) from exc
-        return MetricsWorker
+        return MetricsSubscriber
 
-    def _serve_metrics(self, options: dict):
+    def _serve_metrics(self, opts: WorkerOptions):
         """Start the metrics HTTP server of this process; a port that cannot be bound is a one-line error."""
         from django_fq.metrics.worker import serve
 
-        port, addr = options["metrics_port"], options["metrics_addr"]
+        port, addr = opts.metrics_port, opts.metrics_addr
+        assert port is not None
         index = os.environ.get("FQ_WORKER_INDEX") if os.environ.get(SUPERVISOR_ENV) else None
         if port and index:
             port += int(index)
@@ -373,20 +249,20 @@ class Command(BaseCommand):
             return
         self.check(tags=[Tags.database], databases=[conf.database()])
 
-    def _supervise(self, options: dict) -> None:
-        """Run ``--processes`` copies of this command (each with ``--processes 1``) under a :class:`Supervisor`."""
+    def _supervise(self, opts: WorkerOptions, verbosity: int) -> None:
+        """Run ``--processes`` copies of this command (each with one process) under a :class:`Supervisor`."""
         try:
             # Fail here, not in every child, when a queue has no handler.
-            Worker(options["queues"], concurrency=options["concurrency"])
+            Worker(opts.worker_kwargs()["queues"], concurrency=opts.concurrency)
         except WorkerConfigError as exc:
             raise CommandError(str(exc)) from exc
         if not getattr(settings, "SETTINGS_MODULE", None):
             raise CommandError("--processes needs a settings module (DJANGO_SETTINGS_MODULE)")
-        port, addr = options["metrics_port"], options["metrics_addr"]
+        port, addr = opts.metrics_port, opts.metrics_addr
         if port:  # refuse a taken port before starting anyone (a child still refuses it, with EX_CONFIG)
             from django_fq.metrics.worker import check_port
 
-            for p in range(port, port + options["processes"]):
+            for p in range(port, port + opts.processes):
                 try:
                     check_port(p, addr)
                 except (OSError, ValueError) as exc:
@@ -394,16 +270,13 @@ class Command(BaseCommand):
         connections.close_all()  # the children open their own
 
         def command(index: int) -> list[str]:
-            args = _child_args(options)
-            if index > 0 and "--no-reaper" not in args:
-                args.append("--no-reaper")  # one reaper per supervisor is enough
-            return child_command(args)
+            return child_command(opts.child_argv(index, verbosity))
 
         env = dict(os.environ)
         env["DJANGO_SETTINGS_MODULE"] = settings.SETTINGS_MODULE
         paths = [p for p in sys.path if p] + [os.getcwd()]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-        supervisor = Supervisor(command, options["processes"], env=env)
+        supervisor = Supervisor(command, opts.processes, env=env)
         code = supervisor.run()
         if code == EX_CONFIG:
             raise CommandError(
@@ -411,7 +284,7 @@ class Command(BaseCommand):
                 "the other worker processes were stopped"
             )
         if code:
-            raise CommandError(f"{options['processes']} worker processes ended, not all cleanly", returncode=code)
+            raise CommandError(f"{opts.processes} worker processes ended, not all cleanly", returncode=code)
 
     def _setup_logging(self, verbosity: int) -> None:
         """Send the worker's log lines to stderr unless the project routes them somewhere already."""
@@ -429,35 +302,6 @@ def _cannot_listen(addr: str, port: int, exc: Exception) -> CommandError:
     """The one-line error of a metrics port that cannot be bound: ``--metrics-port: cannot listen on ADDR:PORT: REASON``."""
     reason = getattr(exc, "strerror", None) or str(exc)
     return CommandError(f"--metrics-port: cannot listen on {addr}:{port}: {reason}")
-
-
-def _child_args(options: dict) -> list[str]:
-    """The command line of one supervised child (the same options, one process)."""
-    args = [f"--queue={q}" for q in options["queues"] or ()]
-    args += [
-        f"--concurrency={options['concurrency']}",
-        f"--prefetch={options['prefetch']}",
-        f"--grace={options['grace']}",
-        f"--poll-interval={options['poll_interval']}",
-        f"--max-poll-interval={options['max_poll_interval']}",
-        f"--reaper-interval={options['reaper_interval']}",
-        f"--prune-interval={options['prune_interval']}",
-        f"--verbosity={options['verbosity']}",
-        "--no-progress",
-    ]
-    if options["visibility"] is not None:
-        args.append(f"--visibility={options['visibility']}")
-    if options["burst"]:
-        args.append("--burst")
-    if options["no_reaper"]:
-        args.append("--no-reaper")
-    if options["max_jobs"] is not None:
-        args.append(f"--max-jobs={options['max_jobs']}")
-    if options["worker_id"]:
-        args.append(f"--worker-id={options['worker_id']}")
-    if options["metrics_port"] is not None:
-        args += [f"--metrics-port={options['metrics_port']}", f"--metrics-addr={options['metrics_addr']}"]
-    return args
 
 
 def _isatty(stream) -> bool:

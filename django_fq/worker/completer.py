@@ -1,0 +1,170 @@
+"""The completer: one thread that acks finished jobs in batches (one ``ack_many`` per queue and batch).
+
+A runner hands a plain success over (:meth:`Completer.hand_over`) instead of
+acking it itself; the completer acks everything that finished while its
+previous batch was in flight. No job waits for a timer: a lone job is acked
+at once, and under load a batch forms by itself while the database answers
+the previous one. A failure, a lost lease or a result that cannot be stored
+is settled by the runner (:meth:`Settler.settle <django_fq.worker.settle.Settler.settle>`).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as queue_module
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from django.db import connections
+
+from .. import services, validation
+from ..exceptions import FqError, InvalidJson, PayloadTooLarge, QueueNotFound, ReceiptCancelled
+from .dbconn import tidy_connections
+from .logs import emit, summary
+from .settle import SettleAbandoned
+from .state import Outcome, Running
+
+if TYPE_CHECKING:
+    from .core import Worker
+
+#: The worker's logger (the receipt mask is installed on it by :mod:`.logs`).
+log = logging.getLogger("django_fq.worker")
+
+#: Most jobs one ``ack_many`` call of the completer settles.
+ACK_BATCH = 500
+
+
+class Completer:
+    """Acks the successes of one worker's runners in batches, from a thread of its own."""
+
+    def __init__(self, worker: Worker):
+        self.worker = worker
+        self.hand = worker.hand
+        # Finished jobs waiting for the next ack_many batch.
+        self._acks: queue_module.SimpleQueue = queue_module.SimpleQueue()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._loop, name="fq-completer", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Ack what was handed over, then end the thread."""
+        self._acks.put(None)
+
+    def hand_over(self, seq: int, running: Running, outcome: Outcome) -> bool:
+        """Hand a successful run to the completer thread, which acks in batches; False: settle it here.
+
+        Only a plain success whose result can be stored goes to the batch; a
+        failure, a lost lease or an unstorable result takes :meth:`settle`.
+        """
+        if not self._acceptable(running, outcome):
+            return False
+        self._acks.put([(seq, running, outcome)])
+        return True
+
+    def hand_over_many(self, entries: list[tuple[int, Running, Outcome]]) -> list[bool]:
+        """:meth:`hand_over` for the successes of one batch handler call, queued as one unit.
+
+        The completer acks a unit in one ``ack_many`` (docs/how-to/batch-handlers.md).
+        Returns, per entry, whether the completer took it (False: settle it here).
+        """
+        taken = [self._acceptable(running, outcome) for _seq, running, outcome in entries]
+        unit = [entry for entry, ok in zip(entries, taken, strict=True) if ok]
+        if unit:
+            self._acks.put(unit)
+        return taken
+
+    def _acceptable(self, running: Running, outcome: Outcome) -> bool:
+        """Whether ``outcome`` may be acked in a batch; if so, the right to settle ``running`` is taken."""
+        if outcome.kind != "ok" or running.state.lost_reason() is not None:
+            return False
+        if outcome.result is not None:
+            try:
+                validation.json_text(outcome.result, "result")
+            except (InvalidJson, PayloadTooLarge):
+                return False  # settle() turns it into a failed attempt with a clear error
+        return self.hand.take(running)  # False: released at shutdown meanwhile; settle() sees that too
+
+    def _loop(self) -> None:
+        """Ack finished jobs in batches: everything that finished while the previous batch was in flight.
+
+        No job waits for a timer: a lone job is acked at once, and under load a
+        batch forms by itself while the database answers the previous one.
+        """
+        try:
+            while True:
+                item = self._acks.get()
+                if item is None:
+                    return
+                # Each item is a unit: one job, or the successes of one batch handler call (kept whole).
+                batch = list(item)
+                while len(batch) < ACK_BATCH:
+                    try:
+                        more = self._acks.get_nowait()
+                    except queue_module.Empty:
+                        break
+                    if more is None:
+                        self._acks.put(None)  # finish this batch, then stop
+                        break
+                    batch.extend(more)
+                by_queue: dict[str, list] = {}
+                for entry in batch:
+                    by_queue.setdefault(entry[1].claimed.queue, []).append(entry)
+                for queue_name, entries in by_queue.items():
+                    try:
+                        self._ack_batch(queue_name, entries)
+                    except Exception as exc:  # the completer must survive anything
+                        log.exception("worker internal error")
+                        emit(logging.ERROR, "worker.internal_error", worker=self.worker.worker_id, step="ack", error=summary(exc))
+                    finally:
+                        self.hand.free([seq for seq, _, _ in entries])
+                        tidy_connections()
+        finally:
+            connections.close_all()
+
+    def _ack_batch(self, queue_name: str, entries: list) -> None:
+        """Ack ``entries`` of one queue with one ``ack_many``; log and count each like :meth:`settle`."""
+        pending = []
+        for _seq, running, outcome in entries:
+            reason = running.state.lost_reason()
+            if reason is not None:  # the lease went away after the handler returned
+                self.hand.count_lost(reason)
+                emit(logging.WARNING, "job.not_settled", **running.where(), ms=outcome.elapsed_ms, reason=f"lease_lost:{reason}")
+                self.worker.settler.published(running, "not_settled", reason=f"lease_lost:{reason}")
+            else:
+                pending.append((running, outcome))
+        if not pending:
+            return
+        pairs = [(r.claimed.receipt, o.result) for r, o in pending]
+        settler = self.worker.settler
+        started = time.monotonic()
+        try:
+            results = self.worker.settler.call(pending[0][0], "ack", lambda: services.ack_many(queue_name, pairs))
+        except SettleAbandoned as exc:
+            self.hand.count("settle_errors", len(pending))
+            for running, outcome in pending:
+                emit(logging.ERROR, "job.not_settled", **running.where(), ms=outcome.elapsed_ms, reason=f"database unavailable: {exc}")
+                settler.published(running, "not_settled", started=started, reason="database unavailable")
+            return
+        except QueueNotFound as exc:
+            self.hand.count("settle_errors", len(pending))
+            for running, outcome in pending:
+                emit(logging.ERROR, "job.not_settled", **running.where(), ms=outcome.elapsed_ms, code=exc.code, reason=exc.message)
+                settler.published(running, "not_settled", started=started, reason=exc.code)
+            return
+        for (running, outcome), settled in zip(pending, results, strict=True):
+            where = running.where()
+            if isinstance(settled, ReceiptCancelled):
+                self.hand.count("settle_errors")
+                emit(logging.WARNING, "job.cancelled", **where, ms=outcome.elapsed_ms, code=settled.code, detail="cancelled while it ran; not settled")
+                settler.published(running, "not_settled", started=started, reason=settled.code)
+            elif isinstance(settled, FqError):
+                self.hand.count("settle_errors")
+                emit(logging.WARNING, "job.not_settled", **where, ms=outcome.elapsed_ms, code=settled.code, reason=settled.message)
+                settler.published(running, "not_settled", started=started, reason=settled.code)
+            else:
+                self.hand.count("ok")
+                emit(logging.INFO, "job.acked", **where, ms=outcome.elapsed_ms, replay=settled.replay or None)
+                settler.published(running, "acked", settled.state, started)

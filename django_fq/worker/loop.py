@@ -1,0 +1,288 @@
+"""The claim loop: the worker's main thread. Count the free slots, claim that many, hand them to the runners.
+
+Each round counts the free slots (``capacity`` = ``concurrency`` +
+``prefetch``, minus the jobs in hand) and claims that many jobs in one
+``claim`` call per queue (at most :data:`MAX_CLAIM`). Several queues are
+served fairly: the queue a round starts with rotates, and a round gives each
+queue its share of the free slots, so a busy queue cannot starve a small
+one. While jobs run, the loop waits until a quarter of the slots are free
+rather than claiming one by one; a claim that got fewer jobs than it asked
+for makes the next one ask for less (see ``_MIN_ASK``).
+
+When a round finds nothing the thread sleeps on the worker's
+:class:`~django_fq.worker.state.Doorbell` until an enqueue is notified
+(PostgreSQL LISTEN/NOTIFY through :mod:`django_fq.wakeup`), a job finishes,
+a stop is requested, or the poll interval passes. The poll interval starts
+at ``poll_interval_ms`` and doubles while idle up to ``max_poll_interval_ms``
+(reset when work is found); on PostgreSQL polling is only the safety net.
+
+The loop ends (returning why) on a stop request or signal, an orphaned
+child's supervisor gone, ``max_jobs`` claimed and done, or in a ``burst``
+run once nothing is eligible. A database error never ends it (except a
+``burst`` run after :data:`_BURST_DB_FAILURES` rounds): it is logged, the
+connection dropped, and the round retried after a growing pause.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from typing import TYPE_CHECKING
+
+from .. import services
+from ..exceptions import QueueNotFound
+from .dbconn import drop_connection, is_db_error
+from .events import JobsClaimed
+from .logs import emit, summary
+from .state import Running
+
+if TYPE_CHECKING:
+    from .core import Worker
+
+#: The worker's logger (the receipt mask is installed on it by :mod:`.logs`).
+log = logging.getLogger("django_fq.worker")
+
+#: Pause after a database error of the claim loop, doubling up to the cap (seconds).
+_ERROR_BACKOFF_S, _ERROR_BACKOFF_MAX_S = 0.25, 10.0
+#: How often policies (the default visibility of each queue) are read again (seconds).
+_POLICY_TTL_S = 30.0
+#: Consecutive failed claim rounds after which a ``burst`` run gives up (a long-running worker never does).
+_BURST_DB_FAILURES = 5
+#: Most jobs one claim call asks for (docs/reference/semantics.md §5).
+MAX_CLAIM = 1000
+#: A claim that got fewer jobs than it asked for makes the next claim of that queue ask for
+#: twice as many as it got, at least _MIN_ASK; one that got all it asked for, _ASK_GROWTH times
+#: as many (up to the free slots). A claim prepares a receipt secret for every job it asks for,
+#: so an idle worker woken for one job should not prepare hundreds; a burst of work is back to
+#: full batches within a few round trips (2, 8, 32, 128, ...).
+_MIN_ASK = 2
+_ASK_GROWTH = 4
+
+
+class ClaimLoop:
+    """The main thread of one worker: claims, waits, and decides when the worker is done."""
+
+    def __init__(self, worker: Worker):
+        self.worker = worker
+        self.hand = worker.hand
+        self.doorbell = worker.doorbell
+        self.capacity = worker.capacity
+        self._claim_floor = max(1, self.capacity // 4)
+        #: Per queue: the most the next claim asks for (absent: as many as there are free slots).
+        self._ask: dict[str, int] = {}
+        self._rr = 0
+        self._policies: dict[str, tuple[int, float]] = {}
+        self._queue_set = set(worker.queues)
+        self._signals = 0
+
+    def run(self) -> str:
+        """Claim and wait until the worker is done; return why it stopped (for the ``worker.stop`` line)."""
+        poll = self.worker.poll_interval_s
+        backoff = 0.0
+        failures = 0
+        failing_since: float | None = None
+        if self.worker.reaping is not None:
+            try:
+                self.worker.reaping.round()  # once before the first claim, so a burst run reaps too
+            except Exception as exc:
+                if not is_db_error(exc):
+                    raise
+                emit(logging.ERROR, "worker.db_error", worker=self.worker.worker_id, step="reap", error=summary(exc))
+                drop_connection()
+        while True:
+            self.check_parent()
+            if self.worker.stopping:
+                return self.worker.stop_reason
+            allowance = self.allowance()
+            if allowance is not None and allowance <= 0:
+                if len(self.hand) == 0:
+                    return "max jobs reached"
+                self.wait(0.5, until_slot=True)
+                continue
+            running = len(self.hand)
+            if running >= self.capacity or (running and self.capacity - running < self._claim_floor):
+                # Claim in batches: while jobs are still running, wait until a
+                # quarter of the slots are free instead of claiming one by one.
+                self.wait(0.5, until_slot=True)
+                continue
+            self.doorbell.clear()
+            try:
+                got, more = self.claim_round()
+            except Exception as exc:
+                if not is_db_error(exc):
+                    raise
+                failures += 1
+                if self.worker.burst and failures >= _BURST_DB_FAILURES:
+                    raise
+                backoff = min(_ERROR_BACKOFF_MAX_S, max(_ERROR_BACKOFF_S, backoff * 2))
+                failing_since = failing_since or time.monotonic()
+                emit(logging.ERROR, "worker.db_error", worker=self.worker.worker_id, step="claim", retry_in_s=backoff, error=summary(exc))
+                drop_connection()
+                self.wait(backoff)
+                continue
+            if failing_since is not None:
+                emit(logging.WARNING, "worker.reconnected", worker=self.worker.worker_id, step="claim", after_s=time.monotonic() - failing_since)
+                failing_since, backoff, failures = None, 0.0, 0
+            if got:
+                poll = self.worker.poll_interval_s
+                if more or self.worker.burst or len(self.hand) >= self.capacity:
+                    continue  # a queue gave all it was asked for (it may have more), or no slot is free
+                # Queues are drained for now; a finished job, a notification or the poll brings the next round.
+                self.wait(poll)
+                continue
+            # A burst run is done when a claim made while it held no job found nothing. A claim
+            # made while jobs were in hand can come back empty because of them (a concurrency
+            # limit they fill, a retry their nack is about to make ready): look again once they finish.
+            if self.worker.burst and running == 0 and len(self.hand) == 0:
+                return "nothing left to do"
+            emit(logging.DEBUG, "worker.idle", worker=self.worker.worker_id, wait_s=poll)
+            woke = self.wait(poll)
+            if not woke:
+                poll = min(self.worker.max_poll_interval_s, max(poll * 2, 0.001))
+
+    def allowance(self) -> int | None:
+        """Jobs still allowed by ``max_jobs`` (``None``: no limit)."""
+        if self.worker.max_jobs is None:
+            return None
+        with self.hand.lock:
+            return self.worker.max_jobs - self.hand.stats.claimed
+
+    def wait(self, timeout: float, *, until_slot: bool = False) -> bool:
+        """Sleep up to ``timeout`` on the worker's condition; True if woken by a notification or stop."""
+        give_up = time.monotonic() + timeout
+        with self.doorbell.cv:
+            while not self.worker.stopping:
+                if until_slot:
+                    free = self.capacity - len(self.hand.jobs)
+                    if free >= self._claim_floor or (free > 0 and not self.hand.jobs):
+                        return True
+                elif self.doorbell.rung:
+                    return True
+                remaining = give_up - time.monotonic()
+                if remaining <= 0:
+                    return False
+                # Short slices so an orphaned child notices its supervisor is gone.
+                self.doorbell.cv.wait(min(remaining, 1.0))
+                self.check_parent()
+            return True
+
+    def on_notify(self, queue: str | None) -> None:
+        """A committed enqueue was notified (``None``: on an unknown queue, or the listener reconnected)."""
+        if queue is None or queue in self._queue_set:
+            self.doorbell.ring()
+
+    def check_parent(self) -> None:
+        if self.worker.supervisor_pid and not self.worker.stopping and os.getppid() != self.worker.supervisor_pid:
+            emit(logging.WARNING, "worker.orphaned", worker=self.worker.worker_id, supervisor=self.worker.supervisor_pid)
+            self.worker.request_stop("supervisor gone")
+
+    def on_signal(self, signum: int, frame) -> None:
+        self._signals += 1
+        name = signal.Signals(signum).name
+        if self._signals == 1:
+            emit(logging.INFO, "worker.signal", worker=self.worker.worker_id, signal=name, action="graceful", grace_s=self.worker.grace_s, running=len(self.hand.jobs))
+            self.worker.request_stop(f"signal {name}")
+            return
+        emit(logging.WARNING, "worker.forced_exit", worker=self.worker.worker_id, signal=name, running=len(self.hand.jobs))
+        for handler in log.handlers + logging.getLogger().handlers:
+            try:
+                handler.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(128 + signum)
+
+    # --- claiming ---------------------------------------------------------------------------
+
+    def claim_round(self) -> tuple[int, bool]:
+        """One fair pass over the queues, each claiming its share of the free slots.
+
+        Returns the jobs claimed, and whether some queue gave all it was asked for (it may have more).
+        """
+        n = len(self.worker.queues)
+        start = self._rr
+        self._rr = (self._rr + 1) % n
+        got, more = 0, False
+        for i in range(n):
+            if self.worker.stopping:
+                break
+            free = self.capacity - len(self.hand)
+            allowance = self.allowance()
+            if allowance is not None:
+                free = min(free, allowance)
+            if free <= 0:
+                break
+            name = self.worker.queues[(start + i) % n]
+            lanes = self.worker.batch_runner
+            if lanes is not None and name in lanes.sizes:
+                # A batch queue claims one batch at a time (django_fq.worker.batch).
+                share = min(lanes.room(name, free), self._ask.get(name, MAX_CLAIM))
+                if share <= 0:
+                    continue
+            else:
+                if lanes is not None:
+                    free = lanes.room_outside(free)
+                    if free <= 0:
+                        continue
+                share = min(MAX_CLAIM, -(-free // (n - i)), self._ask.get(name, MAX_CLAIM))
+            taken = self.worker.claim_into(name, share)  # a method, so a subclass of Worker may still wrap it
+            self._ask[name] = share * _ASK_GROWTH if taken == share else max(_MIN_ASK, 2 * taken)
+            got += taken
+            more = more or taken == share
+        return got, more
+
+    def visibility_for(self, queue: str) -> int | None:
+        """The lease length to ask for on ``queue``; ``None`` when the queue does not exist."""
+        if self.worker.visibility_ms is not None:
+            return self.worker.visibility_ms
+        cached = self._policies.get(queue)
+        if cached is not None and time.monotonic() - cached[1] < _POLICY_TTL_S:
+            return cached[0]
+        try:
+            vis = services.policy(queue).visibility_ms
+        except QueueNotFound:
+            self._policies.pop(queue, None)
+            return None
+        self._policies[queue] = (vis, time.monotonic())
+        return vis
+
+    def claim_into(self, queue: str, count: int) -> int:
+        """Claim up to ``count`` jobs of ``queue`` in one call and hand them to the runner pool; return how many."""
+        started = time.monotonic()
+        got = self._claim_into(queue, count)
+        events = self.worker.events
+        if events.wants(JobsClaimed):
+            events.publish(JobsClaimed(self.worker, queue, count, got, (time.monotonic() - started) * 1000))
+        return got
+
+    def _claim_into(self, queue: str, count: int) -> int:
+        vis = self.visibility_for(queue)
+        if vis is None:
+            return 0
+        start = time.monotonic()
+        try:
+            jobs = services.claim(queue, count=count, visibility_ms=vis, worker=self.worker.worker_id)
+        except QueueNotFound:
+            self._policies.pop(queue, None)
+            return 0
+        end = time.monotonic()
+        if not jobs:
+            return 0
+        emit(logging.INFO, "worker.claim", worker=self.worker.worker_id, queue=queue, asked=count, got=len(jobs))
+        fraction = self.worker.heartbeat_fraction
+        if self.worker.stopping:
+            # The stop came while claiming: these jobs never started, give them back at once.
+            for claimed in jobs:
+                self.worker.settler.release(Running(claimed, vis, start, end, fraction), "shutdown")
+            return 0
+        runnings = [Running(claimed, vis, start, end, fraction) for claimed in jobs]
+        lanes = self.worker.batch_runner
+        if lanes is not None and queue in lanes.sizes:
+            lanes.add(runnings)  # one batch for one handler call
+        else:
+            self.hand.add(runnings, self.worker.pool.submit)
+        # When the new jobs first need the heartbeat thread: a beat, or the lease's end.
+        soonest = min(r.state.expires_mono if r.capped else r.next_beat for r in runnings)
+        self.worker.heartbeat.wake_before(soonest)
+        return len(jobs)
