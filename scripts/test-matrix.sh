@@ -75,11 +75,14 @@ for leg in "${legs[@]}"; do
     xdist=()
     [ "$workers" != 0 ] && xdist=(-n "$workers")
     # shellcheck disable=SC2086  # PYTEST_ARGS is a word list on purpose
-    # Tests marked one_django (heavy worker-process tests whose subject does not depend on
-    # Django's version) run once per database: on its dj6 leg; the other legs skip them and say where.
+    # The engine tests (ENGINE_TESTS in tests/conftest.py and tests marked one_django: worker
+    # processes, races, kills, the cases, property runs, whose subject is our engine on the
+    # database, not Django's surface) run once per database in the fast tier, on its dj6 leg;
+    # the other legs deselect them and say where they ran. The slow tier runs what it selects.
     one_django_on=""
-    [[ "$leg" != dj6-* ]] && one_django_on="dj6-$db"
-    FQ_TEST_ONE_DJANGO_ON="$one_django_on" FQ_TEST_DB="$db" FQ_TEST_PG_TEST_NAME="test_fq_${leg//-/_}" \
+    [[ "$leg" != dj6-* && "$markers" != slow ]] && one_django_on="dj6-$db"
+    FQ_TEST_LEG="$leg" FQ_TEST_ONE_DJANGO_ON="$one_django_on" FQ_TEST_DB="$db" \
+        FQ_TEST_PG_TEST_NAME="test_fq_${leg//-/_}" \
         "$venv/bin/python" -m pytest -p no:cacheprovider -q ${markers:+-m "$markers"} "${xdist[@]}" \
         --durations=$durations --junitxml="$reports/$leg.xml" ${PYTEST_ARGS:-}
     rc=$?

@@ -12,12 +12,66 @@ pytest_plugins = ["pytester"]
 VENDORS = {"postgres": "postgresql", "mariadb": "mysql", "sqlite": "sqlite"}
 
 
+#: Tests whose subject is django-fq's engine on the database (worker processes, claims under
+#: kills and races, the contract's cases, property runs, tracing and middleware around a run),
+#: not Django's own surface (admin, REST, Tasks, commands, checks, models), which every leg tests.
+#: On the legs of the other Django versions make test leaves these (and tests marked
+#: ``one_django``) to this database's Django 6.x leg; ``every_django`` keeps a smoke test on all.
+ENGINE_TESTS = (
+    "tests/worker/",
+    "tests/chaos/",
+    "tests/cases/",
+    "tests/property/",
+    "tests/adversarial/",
+    "tests/tracing/",
+    "tests/middleware/",
+    "tests/backup/test_cross_db.py",
+    "tests/backup/test_import_races.py",
+    "tests/metrics/test_health_errors.py",
+    "tests/services/test_mysql_stale_snapshot_locks.py",
+    "tests/test_worker.py",
+    "tests/test_scheduler.py",
+    "tests/test_receipt_deadline_after_lock_wait.py",
+)
+#: Tests of the code itself (an audit of the SQL text, the vendor-branch rule): no database and
+#: no Django version changes their answer, so make test runs them on one leg, dj6-sqlite.
+CODE_ONLY_TESTS = ("tests/security/test_sql.py::test_every_raw", "tests/storage/test_vendor_branches.py")
+#: The leg of scripts/test-matrix.sh that runs CODE_ONLY_TESTS.
+CODE_ONLY_LEG = "dj6-sqlite"
+
+
 def pytest_collection_modifyitems(config, items):
     vendor = VENDORS.get(_db(), "sqlite") if config.getoption("--ds", None) is None else "sqlite"
     store = _store_class(vendor)
-    # scripts/test-matrix.sh names, on the legs of the other Django versions, the leg of this
-    # database that runs the `one_django` tests; a plain pytest run (no variable) runs them all.
+    # scripts/test-matrix.sh names the leg it runs (FQ_TEST_LEG) and, on the legs of the other
+    # Django versions, the leg of this database that runs the engine tests; a plain pytest run
+    # (no variables) runs every test.
     one_django_elsewhere = os.environ.get("FQ_TEST_ONE_DJANGO_ON", "")
+    leg = os.environ.get("FQ_TEST_LEG", "")
+    kept, engine, code_only = [], [], []
+    for item in items:
+        path = item.nodeid
+        if (
+            one_django_elsewhere
+            and not item.get_closest_marker("every_django")
+            and (item.get_closest_marker("one_django") or path.startswith(ENGINE_TESTS))
+        ):
+            engine.append(item)
+        elif leg and leg != CODE_ONLY_LEG and path.startswith(CODE_ONLY_TESTS):
+            code_only.append(item)
+        else:
+            kept.append(item)
+    if engine or code_only:
+        config.hook.pytest_deselected(items=engine + code_only)
+        items[:] = kept
+        config._fq_elsewhere = [
+            f"{len(found)} {what} run on {where}"
+            for found, what, where in (
+                (engine, "engine tests", one_django_elsewhere),
+                (code_only, "code-only tests", CODE_ONLY_LEG),
+            )
+            if found
+        ]
     for item in items:
         if not store.supports_row_locks and item.get_closest_marker("row_locks"):
             reason = f"needs concurrent writers with row locks ({store.__name__}.supports_row_locks is False)"
@@ -28,8 +82,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="SQLite only (run with FQ_TEST_DB=sqlite)"))
         if vendor != "mysql" and item.get_closest_marker("mysql_only"):
             item.add_marker(pytest.mark.skip(reason="MariaDB/MySQL only (run with FQ_TEST_DB=mariadb)"))
-        if one_django_elsewhere and item.get_closest_marker("one_django"):
-            item.add_marker(pytest.mark.skip(reason=f"runs once per database, on the {one_django_elsewhere} leg"))
+
+
+def pytest_report_header(config):
+    if os.environ.get("FQ_TEST_ONE_DJANGO_ON"):
+        return [
+            f"engine tests (ENGINE_TESTS in tests/conftest.py, one_django) run on {os.environ['FQ_TEST_ONE_DJANGO_ON']}"
+        ]
+    return []
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Say what this leg left to another one (scripts/test-matrix.sh runs them there)."""
+    for line in getattr(config, "_fq_elsewhere", ()):
+        terminalreporter.write_line(f"deselected here: {line}")
 
 
 def _store_class(vendor):

@@ -16,6 +16,10 @@ TIME_ZONE = "UTC"
 DEBUG = False
 ALLOWED_HOSTS = ["*"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# Cheap password hashing for every test user: Django 6.1's PBKDF2 costs about a second per
+# create_user on this machine, and no test's subject is the hasher. (HTTP Basic's real cost
+# is measured in docs/rest-api.md, "HTTP Basic costs CPU on every request".)
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 INSTALLED_APPS = [
     "django.contrib.contenttypes",

@@ -52,7 +52,6 @@ TEMPLATES = [
         },
     }
 ]
-PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 _default = copy.deepcopy(_BASE["default"])
 _queue = copy.deepcopy(_BASE["default"])

@@ -66,6 +66,7 @@ def done_ids() -> set[str]:
 # --- draining, results, failures ---------------------------------------------------------------
 
 
+@pytest.mark.every_django  # the worker's smoke test on every Django version
 def test_burst_drains_all_jobs_and_stores_results():
     ids = [fq.enqueue("t.ok", {"n": n}).id for n in range(6)]
 

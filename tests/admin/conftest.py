@@ -57,7 +57,6 @@ def _admin_installed(django_db_setup, django_db_blocker):
             }
         ],
         STATIC_URL="/static/",
-        PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"],
     )
     override.enable()
     to_migrate = [label for label in MIGRATED if f"django.contrib.{label}" in missing]

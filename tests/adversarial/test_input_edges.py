@@ -21,7 +21,6 @@ pytestmark = pytest.mark.django_db
 def rest(settings):
     """An API client holding every capability; server errors come back as 500 responses, not exceptions."""
     settings.ROOT_URLCONF = "tests.api.urls"
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     user = User.objects.create_user("adv", "adv@example.com", "pw")
     user.user_permissions.add(*Permission.objects.filter(content_type__app_label="django_fq"))
     client = APIClient()

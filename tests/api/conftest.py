@@ -20,9 +20,8 @@ _names = itertools.count()
 
 @pytest.fixture(autouse=True)
 def api_settings(settings):
-    """The API at ``/api/fq/`` (the test settings have no URL conf of their own); cheap password hashing."""
+    """The API at ``/api/fq/`` (the test settings have no URL conf of their own)."""
     settings.ROOT_URLCONF = "tests.api.urls"
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 class Client(APIClient):

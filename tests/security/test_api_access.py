@@ -30,7 +30,6 @@ METHODS = ("get", "post", "put", "patch", "delete")
 @pytest.fixture(autouse=True)
 def api_urls_mounted(settings):
     settings.ROOT_URLCONF = "tests.api.urls"
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def _views():

@@ -26,7 +26,6 @@ Q = "sec:credentials"
 @pytest.fixture(autouse=True)
 def api_urls_mounted(settings):
     settings.ROOT_URLCONF = "tests.api.urls"
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.FQ_API_AUTHENTICATION_CLASSES = [
         "rest_framework.authentication.BasicAuthentication",
         "rest_framework.authentication.TokenAuthentication",

@@ -29,7 +29,6 @@ WRITES = [(m, n, b) for m, n, b, _ in ENDPOINTS if m in ("post", "put", "patch",
 @pytest.fixture(autouse=True)
 def api_urls_mounted(settings):
     settings.ROOT_URLCONF = "tests.api.urls"
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def _path(name: str, job: str) -> str:

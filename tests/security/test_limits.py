@@ -37,7 +37,6 @@ def small_limit(settings):
     settings.FQ_MAX_PAYLOAD_BYTES = LIMIT
     settings.FQ_API_CREATE_QUEUES = "produce"  # these producers enqueue into a queue they create
     settings.ROOT_URLCONF = "tests.api.urls"
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def _text(size: int) -> str:

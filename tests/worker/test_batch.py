@@ -14,9 +14,7 @@ from django_fq.models import Lease
 
 from .helpers import touch, wait_until
 
-# Real fq_worker processes: make test runs these once per database, on the Django 6.x runs
-# (one_django); the in-process tests of the same code run on every run.
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_django]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 Q = "t.batch"
 FAST = ("--poll-interval=10", "--max-poll-interval=50", "--reaper-interval=50")

@@ -24,9 +24,7 @@ from tests.testapp.models import Done
 
 from .helpers import LeaseSampler, live_leases, touch, wait_until
 
-# Real fq_worker processes: make test runs these once per database, on the Django 6.x runs
-# (one_django); the in-process tests of the same code run on every run.
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_django]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 Q = "t.ctl"
 #: Poll, reap and back off quickly in every test worker.

@@ -17,9 +17,7 @@ from django_fq.worker import EX_CONFIG, Supervisor
 
 from .test_metrics_endpoint import FAST, free_ports
 
-# Real fq_worker processes: make test runs these once per database, on the Django 6.x runs
-# (one_django); the in-process tests of the same code run on every run.
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_django]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_taken_port_of_one_supervised_worker_stops_the_whole_command(workers):

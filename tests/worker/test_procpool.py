@@ -13,8 +13,6 @@ from django_fq import services as fq
 from .helpers import touch, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-# The pool's children, kills and timeouts do not depend on Django's version: make test runs these
-# once per database (one_django); the receipt/context test runs on every leg as the smoke test.
 
 Q = "t.proc"
 FAST = ("--poll-interval=10", "--max-poll-interval=50", "--reaper-interval=50")
@@ -29,7 +27,6 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.one_django
 def test_results_exceptions_and_permanent_failures_map_like_the_thread_pool(workers, events):
     fq.configure(Q, backoff_ms=0, max_attempts=2)
     ok = fq.enqueue(Q, {"events": events.path, "result": {"a": [1, 2]}, "done": True}).id
@@ -50,6 +47,7 @@ def test_results_exceptions_and_permanent_failures_map_like_the_thread_pool(work
     assert "1 jobs ok, 3 failed" in w.stdout
 
 
+@pytest.mark.every_django  # the process pool's smoke test on every Django version
 def test_no_receipt_reaches_the_child_and_the_context_is_complete(workers):
     job = fq.enqueue(Q, {"inspect": True}).id
     w = workers(*PROC, "--burst")
@@ -64,7 +62,6 @@ def test_no_receipt_reaches_the_child_and_the_context_is_complete(workers):
 
 
 @pytest.mark.parametrize("block", ["sleep", "select", "pause"])
-@pytest.mark.one_django
 def test_a_stuck_handler_is_killed_at_its_timeout_retried_and_dead_after_max_attempts(workers, events, block):
     fq.configure(Q, backoff_ms=0, max_attempts=2)
     job = fq.enqueue(Q, {"events": events.path, "block": block}, timeout_ms=700).id
@@ -82,7 +79,6 @@ def test_a_stuck_handler_is_killed_at_its_timeout_retried_and_dead_after_max_att
     assert fq.stats(Q).totals["timed_out"] == 2
 
 
-@pytest.mark.one_django
 def test_a_timeout_found_by_a_heartbeat_kills_the_child_too(workers, events):
     # The lease (400 ms) is shorter than the timeout: the claim does not show the timeout, an extend does.
     fq.configure(Q, backoff_ms=60_000)
@@ -103,7 +99,6 @@ def test_a_timeout_found_by_a_heartbeat_kills_the_child_too(workers, events):
 
 
 @pytest.mark.parametrize("on_soft", ["block", "raise", "return"])
-@pytest.mark.one_django
 def test_the_soft_timeout_is_raised_in_the_handler_before_the_kill(workers, events, on_soft):
     fq.configure(Q, backoff_ms=0, max_attempts=1)
     job = fq.enqueue(Q, {"events": events.path, "block": "sleep", "on_soft": on_soft}, timeout_ms=2000).id
@@ -127,7 +122,6 @@ def test_the_soft_timeout_is_raised_in_the_handler_before_the_kill(workers, even
     w.wait_for(rf"job.soft_timeout job={job} .*kill_in_ms=\d+")
 
 
-@pytest.mark.one_django
 def test_the_default_soft_timeout_leaves_a_short_job_half_its_time(workers, events):
     # The default (1,000 ms) is longer than half of this 1,000 ms timeout: the handler gets 500 ms first.
     fq.configure(Q, backoff_ms=0, max_attempts=1)
@@ -140,7 +134,6 @@ def test_the_default_soft_timeout_leaves_a_short_job_half_its_time(workers, even
 
 
 @pytest.mark.parametrize(("crash", "how"), [("exit", "exit code 9"), ("segv", "killed by signal SIGSEGV")])
-@pytest.mark.one_django
 def test_a_child_that_dies_fails_the_attempt_and_is_replaced(workers, events, crash, how):
     fq.configure(Q, backoff_ms=0, max_attempts=1)
     bad = fq.enqueue(Q, {"events": events.path, "crash": crash}).id
@@ -157,7 +150,6 @@ def test_a_child_that_dies_fails_the_attempt_and_is_replaced(workers, events, cr
     assert "1 jobs ok, 1 failed" in w.stdout
 
 
-@pytest.mark.one_django
 def test_concurrency_n_runs_n_jobs_at_once_in_n_children(workers, events, gate):
     fq.configure(Q, backoff_ms=0)
     jobs = [fq.enqueue(Q, {"events": events.path, "gate": str(gate), "done": True}).id for _ in range(3)]
@@ -172,7 +164,6 @@ def test_concurrency_n_runs_n_jobs_at_once_in_n_children(workers, events, gate):
     assert not any(pid_alive(s["pid"]) for s in starts)
 
 
-@pytest.mark.one_django
 def test_max_jobs_per_child_recycles_the_child(workers, events):
     jobs = [fq.enqueue(Q, {"events": events.path}).id for _ in range(3)]
     w = workers(*PROC, "--burst", "--max-jobs-per-child=1")
@@ -181,7 +172,6 @@ def test_max_jobs_per_child_recycles_the_child(workers, events):
     assert len({s["pid"] for s in events.of("start")}) == 3
 
 
-@pytest.mark.one_django
 def test_a_cancelled_job_has_its_child_killed(workers, events):
     job = fq.enqueue(Q, {"events": events.path, "block": "sleep"}).id
     w = workers(*PROC, "--visibility=600")
@@ -194,7 +184,6 @@ def test_a_cancelled_job_has_its_child_killed(workers, events):
     assert w.wait(timeout=30) == 0
 
 
-@pytest.mark.one_django
 def test_shutdown_lets_a_child_finish_within_grace_then_kills_and_releases(workers, events, gate):
     fq.configure(Q, backoff_ms=0)
     quick = fq.enqueue(Q, {"events": events.path, "sleep_ms": 300}).id
@@ -211,7 +200,6 @@ def test_shutdown_lets_a_child_finish_within_grace_then_kills_and_releases(worke
     assert not any(pid_alive(s["pid"]) for s in starts)
 
 
-@pytest.mark.one_django
 def test_kill_9_of_the_worker_leaves_no_child_and_loses_no_job(workers, events, gate):
     fq.configure(Q, backoff_ms=0)
     job = fq.enqueue(Q, {"events": events.path, "gate": str(gate), "done": True}).id
@@ -245,7 +233,6 @@ def _children_of(pid: int) -> list[int]:
     return found
 
 
-@pytest.mark.one_django
 def test_an_in_process_worker_runs_its_jobs_in_children_on_the_same_database(events):
     from django_fq.worker import Worker
     from tests.testapp.fq_handlers_procpool import proc_controlled
@@ -284,7 +271,6 @@ def _trail(path) -> list[dict]:
         return [json.loads(line) for line in fh]
 
 
-@pytest.mark.one_django
 def test_middleware_runs_in_the_child_around_the_handler_with_the_jobs_metadata(workers, tmp_path):
     path = str(tmp_path / "trail.jsonl")
     meta = {"tenant": "acme", "tags": ["eu"]}
@@ -298,7 +284,6 @@ def test_middleware_runs_in_the_child_around_the_handler_with_the_jobs_metadata(
     assert fq.get("t.mw", job).result == {"metadata": meta}
 
 
-@pytest.mark.one_django
 def test_snooze_and_retry_after_from_the_child_settle_like_the_thread_pool(workers, tmp_path):
     fq.configure("t.mw", backoff_ms=3_600_000)  # only RetryAfter's own delay brings the retry back at once
     snoozed_path, retried_path = str(tmp_path / "snoozed.jsonl"), str(tmp_path / "retried.jsonl")
@@ -315,7 +300,6 @@ def test_snooze_and_retry_after_from_the_child_settle_like_the_thread_pool(worke
     assert "job.snoozed" in w.stderr
 
 
-@pytest.mark.one_django
 def test_processes_and_pool_processes_combine_each_worker_with_its_own_children(workers, events):
     ids = [fq.enqueue(Q, {"events": events.path, "sleep_ms": 50}).id for _ in range(8)]
     supervisor = workers(*PROC, "--processes=2", "--concurrency=2", "--grace=2")

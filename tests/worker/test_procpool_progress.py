@@ -16,8 +16,7 @@ from django_fq import services as fq
 
 from .helpers import wait_until
 
-# Once per database in make test (one_django): the pipe between child and worker is ours, not Django's.
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_django]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 Q = "t.progress"
 PROC = ("--pool=processes", f"--queue={Q}", "--poll-interval=10", "--max-poll-interval=50", "--reaper-interval=50")
