@@ -64,14 +64,6 @@ def pytest_collection_modifyitems(config, items):
     if engine or code_only:
         config.hook.pytest_deselected(items=engine + code_only)
         items[:] = kept
-        config._fq_elsewhere = [
-            f"{len(found)} {what} run on {where}"
-            for found, what, where in (
-                (engine, "engine tests", one_django_elsewhere),
-                (code_only, "code-only tests", CODE_ONLY_LEG),
-            )
-            if found
-        ]
     for item in items:
         if not store.supports_row_locks and item.get_closest_marker("row_locks"):
             reason = f"needs concurrent writers with row locks ({store.__name__}.supports_row_locks is False)"
@@ -84,18 +76,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="MariaDB/MySQL only (run with FQ_TEST_DB=mariadb)"))
 
 
-def pytest_report_header(config):
-    if os.environ.get("FQ_TEST_ONE_DJANGO_ON"):
-        return [
-            f"engine tests (ENGINE_TESTS in tests/conftest.py, one_django) run on {os.environ['FQ_TEST_ONE_DJANGO_ON']}"
-        ]
-    return []
-
-
 def pytest_terminal_summary(terminalreporter, config):
-    """Say what this leg left to another one (scripts/test-matrix.sh runs them there)."""
-    for line in getattr(config, "_fq_elsewhere", ()):
-        terminalreporter.write_line(f"deselected here: {line}")
+    """Say which tests this leg of scripts/test-matrix.sh left to another one (where they ran).
+
+    Written from the variables, not from collection: under pytest-xdist the
+    controller collects nothing.
+    """
+    leg = os.environ.get("FQ_TEST_LEG", "")
+    engine_on = os.environ.get("FQ_TEST_ONE_DJANGO_ON", "")
+    if engine_on:
+        terminalreporter.write_line(f"{leg}: the engine tests (ENGINE_TESTS, one_django) run on {engine_on}")
+    if leg and leg != CODE_ONLY_LEG:
+        terminalreporter.write_line(f"{leg}: the code-only tests (CODE_ONLY_TESTS) run on {CODE_ONLY_LEG}")
 
 
 def _store_class(vendor):
