@@ -356,6 +356,13 @@ def ack_many(queue: str, acks: Iterable[tuple[str, object]]) -> list[SettleResul
     :class:`ReceiptCancelled` instance for each that did not — one bad receipt
     does not fail the others. An invalid ``result`` raises for the whole call
     before anything is written (field ``acks[i].result``).
+
+    The results travel in as many statements as the store's statement budget
+    needs (:meth:`Store.statement_budget <django_fq.storage.base.Store.statement_budget>`:
+    256 MiB of escaped results on PostgreSQL, ``max_allowed_packet`` on
+    MariaDB/MySQL). On PostgreSQL, outside a transaction of the caller's, each
+    such run commits on its own (each ack stands alone: a crash between runs
+    leaves the later ones to expire and run again, as for single acks).
     """
     items = []
     for i, (receipt, result) in enumerate(acks):
@@ -371,14 +378,23 @@ def ack_many(queue: str, acks: Iterable[tuple[str, object]]) -> list[SettleResul
 def _ack(queue: str, items: list[tuple[str, str | None, str]]) -> list:
     """Settle ``(receipt, result_text, args_digest)`` items as succeeded, in one transaction."""
     validation.queue_name(queue)  # the one-statement ack takes the name as it is
-    if storage.for_connection(db.connection()).supports_one_statement_ack:
-        results = db.retrying(_ack_matching_pg, queue, items, atomic=False)
-        rest = [i for i, r in enumerate(results) if r is None]
-        if rest:
-            # Replays, stale or forged receipts, expired leases, a missing queue: judged one by one.
-            judged = _ack_judged(queue, [items[i] for i in rest])
-            for i, outcome in zip(rest, judged, strict=True):
-                results[i] = outcome
+    conn = db.connection()
+    store = storage.for_connection(conn)
+    if store.supports_one_statement_ack:
+        # The results travel in one statement per run: runs cut to the store's statement budget
+        # (a batch of large results would otherwise pass PostgreSQL's 1 GB message limit).
+        budget = store.statement_budget(conn)
+        sizes = [_ACK_ROW_BYTES + 2 * len((text or "").encode()) for _, text, _ in items] if budget else []
+        results: list = []
+        for run in split_by_bytes(items, sizes, budget) if budget else [items]:
+            ran = db.retrying(_ack_matching_pg, queue, run, atomic=False)
+            rest = [i for i, r in enumerate(ran) if r is None]
+            if rest:
+                # Replays, stale or forged receipts, expired leases, a missing queue: judged one by one.
+                judged = _ack_judged(queue, [run[i] for i in rest])
+                for i, outcome in zip(rest, judged, strict=True):
+                    ran[i] = outcome
+            results.extend(ran)
         return _replay_repeats(items, results)
     return _replay_repeats(items, _ack_judged(queue, items))
 

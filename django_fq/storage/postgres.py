@@ -158,6 +158,10 @@ v AS (
 #: Runs of a hot statement on one connection before psycopg prepares it (psycopg's own default).
 PREPARE_THRESHOLD = 5
 
+#: Bytes of escaped parameter text one statement carries at most (:meth:`PostgresStore.statement_budget`):
+#: a quarter of PostgreSQL's 1 GB limit on one protocol message and on one text value.
+STATEMENT_BUDGET_BYTES = 256 * 1024 * 1024
+
 
 #: SQLSTATE classes (prefixes) of errors that say the server cannot serve now: connection exceptions,
 #: insufficient resources (too many connections), operator intervention (shutdown, crash recovery).
@@ -375,6 +379,16 @@ class PostgresStore(Store):
                     [queue_id, list(uids)],
                 )
             return fetch_dicts(cur)
+
+    def statement_budget(self, conn: Any) -> int:
+        """:data:`STATEMENT_BUDGET_BYTES`: a quarter of PostgreSQL's 1 GB limit on one message or value.
+
+        The one-statement ack sends its results inside one JSON text, so a
+        completer batch of large results (up to 500 of 32 MiB) must be cut
+        (:func:`~django_fq.services.leases.ack_many`). A quarter leaves room
+        for the server's copies of the text while it decodes it.
+        """
+        return STATEMENT_BUDGET_BYTES
 
     def ack_matching(self, conn: Any, *, queue_name: str, requests_json: str, relaxed: bool) -> set[str]:
         """:data:`_ACK_MATCHING_PG`, one statement in autocommit (see :meth:`Store.ack_matching`)."""
