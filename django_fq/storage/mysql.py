@@ -535,8 +535,8 @@ class MysqlStore(Store):
             # deadline is one index dive (min/max); "deadline <= clock" would scan the queue's
             # leases, SYSDATE being no constant the range could start from.
             cur.execute(
-                f"SELECT q.id, q.visibility_ms, EXISTS (SELECT 1 FROM {JOB_TABLE} j FORCE INDEX (fq_job_claim) "
-                f"WHERE j.queue_id = q.id AND j.state = 'queued' AND j.run_at <= {now}), "
+                f"SELECT q.id, q.visibility_ms, NOT q.paused AND EXISTS (SELECT 1 FROM {JOB_TABLE} j "
+                f"FORCE INDEX (fq_job_claim) WHERE j.queue_id = q.id AND j.state = 'queued' AND j.run_at <= {now}), "
                 f"COALESCE((SELECT MIN(l.deadline) FROM {LEASE_TABLE} l WHERE l.queue_id = q.id) <= {now}, 0) "
                 f"FROM {QUEUE_TABLE} q WHERE q.name = %s",
                 [queue_name],
@@ -554,7 +554,10 @@ class MysqlStore(Store):
         the eligible jobs locked ``FOR UPDATE SKIP LOCKED`` (their sizes only,
         and the clock, whose latest reading is ``claimed_at`` of every job);
         one ``UPDATE``; the taken rows read back (the transaction sees its own
-        writes).
+        writes). The pause flag is read with a share lock on the queue row
+        (with the limit when there is one, else one more round trip): a
+        pause()'s ``UPDATE`` waits for the claims in flight, and a claim after
+        it sees the flag, whatever the locking reads of the jobs see since.
         """
         from .. import db
 
@@ -568,14 +571,23 @@ class MysqlStore(Store):
                 # a share lock, which producers' share locks let through and configure()'s
                 # UPDATE waits for (and it for configure): a configure() that committed wins.
                 self._lock_row(cur, f"fq-queue-claims-{queue_id:x}")
-                cur.execute(f"SELECT concurrency FROM {queue} WHERE id = %s LOCK IN SHARE MODE", [queue_id])
+                cur.execute(f"SELECT concurrency, paused FROM {queue} WHERE id = %s LOCK IN SHARE MODE", [queue_id])
                 row = cur.fetchone()
-                concurrency = row[0] if row is not None else 0
+                if row is None or row[1]:
+                    return []
+                concurrency = row[0]
                 if concurrency > 0:  # 0 now means unlimited
                     cur.execute(f"SELECT COUNT(*) FROM {lease} WHERE queue_id = %s LOCK IN SHARE MODE", [queue_id])
                     count = min(count, concurrency - cur.fetchone()[0])
                     if count <= 0:
                         return []
+            else:
+                # The job reads below are locking reads of the newest commit: a flag read
+                # without the lock could predate a pause() that committed before them.
+                cur.execute(f"SELECT paused FROM {queue} WHERE id = %s LOCK IN SHARE MODE", [queue_id])
+                row = cur.fetchone()
+                if row is None or row[0]:
+                    return []
             # The clock is read by the locking read itself, with each row it takes (SYSDATE: at
             # execution), and the latest of those readings stamps every job: no row was taken
             # before its run_at, and no round trip of its own for the clock. The claim index is
