@@ -1,4 +1,4 @@
-"""Pause and resume a queue: the flag every claim reads, and since when (docs/concepts.md#pausing-a-queue)."""
+"""Pause and resume a queue: the flag every claim reads, and since when (docs/reference/semantics.md §9 "Pause")."""
 
 from django.db import migrations, models
 

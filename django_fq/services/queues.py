@@ -107,7 +107,7 @@ def pause(queue: str) -> PauseResult:
     """Stop every claim of ``queue``, on every host, from the moment this returns.
 
     The flag is written in one transaction and read by each claim's own SQL
-    (docs/concepts.md#pausing-a-queue): a claim that starts after this returned
+    (docs/reference/semantics.md §9 "Pause"): a claim that starts after this returned
     hands out no job (an empty list; a long poll waits its ``wait_ms`` out, then
     returns none). Jobs already running go on, and their ack, nack, release,
     extend and progress work as usual; enqueues still add jobs; the reaper

@@ -623,7 +623,7 @@ class Store(abc.ABC):
         Pausing stamps ``paused_at`` with the database clock ``now`` (epoch ms);
         resuming clears it. Nothing is written when the flag already has that
         value. The claims read the flag in their own SQL (:meth:`claim_statement`,
-        :meth:`take_jobs`, :meth:`claim_facts`; docs/concepts.md#pausing-a-queue).
+        :meth:`take_jobs`, :meth:`claim_facts`; docs/reference/semantics.md §9 "Pause").
         """
         stamp = now if paused else "NULL"
         with conn.cursor() as cur:

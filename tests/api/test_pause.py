@@ -1,4 +1,4 @@
-"""Pause and resume over HTTP (docs/rest-api.md#pausing-a-queue): manage pauses, producers go on, consumers get nothing."""
+"""Pause and resume over HTTP (docs/reference/semantics.md §9 "Pause"): manage pauses, producers go on, consumers get nothing."""
 
 from __future__ import annotations
 

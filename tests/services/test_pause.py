@@ -1,4 +1,4 @@
-"""Pausing and resuming a queue (docs/concepts.md#pausing-a-queue): every claim refuses, nothing else stops."""
+"""Pausing and resuming a queue (docs/reference/semantics.md §9 "Pause"): every claim refuses, nothing else stops."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from django_fq import services as fq
 from django_fq.exceptions import InvalidQueueName, QueueNotFound
 from django_fq.models import Queue
 from django_fq.types import PauseResult
-
 from tests.threads import elsewhere
 
 from .helpers import claim_one
