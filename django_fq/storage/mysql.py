@@ -554,10 +554,11 @@ class MysqlStore(Store):
         the eligible jobs locked ``FOR UPDATE SKIP LOCKED`` (their sizes only,
         and the clock, whose latest reading is ``claimed_at`` of every job);
         one ``UPDATE``; the taken rows read back (the transaction sees its own
-        writes). The pause flag is read with a share lock on the queue row
-        (with the limit when there is one, else one more round trip): a
-        pause()'s ``UPDATE`` waits for the claims in flight, and a claim after
-        it sees the flag, whatever the locking reads of the jobs see since.
+        writes). The pause flag: with a limit, read with the limit under the
+        share lock (a pause()'s ``UPDATE`` waits for those claims); without
+        one, in the ``UPDATE`` that takes the jobs, which reads it after the
+        locking read of the jobs (no round trip of its own; in a caller's
+        transaction, whose snapshot may be old, one locking read first).
         """
         from .. import db
 
@@ -581,9 +582,8 @@ class MysqlStore(Store):
                     count = min(count, concurrency - cur.fetchone()[0])
                     if count <= 0:
                         return []
-            else:
-                # The job reads below are locking reads of the newest commit: a flag read
-                # without the lock could predate a pause() that committed before them.
+            elif self.may_read_stale(conn):
+                # A caller's snapshot may predate a pause(): read the flag from the newest commit.
                 cur.execute(f"SELECT paused FROM {queue} WHERE id = %s LOCK IN SHARE MODE", [queue_id])
                 row = cur.fetchone()
                 if row is None or row[0]:
@@ -605,11 +605,17 @@ class MysqlStore(Store):
                 return []
             now = max(int(row[2]) for row in taken)
             marks = ", ".join(["%s"] * len(seqs))
+            # The pause flag in the statement that takes the jobs (READ COMMITTED: read as this
+            # statement starts, after the locking read above): a pause() that committed before
+            # those rows were read is seen, so no job enqueued after pause() returned is taken.
             cur.execute(
                 f"UPDATE {job} SET state = 'running', attempts = attempts + 1, generation = generation + 1, "
-                f"claimed_at = %s, changed_at = %s, worker = %s, {CLEAR_PROGRESS_SQL} WHERE seq IN ({marks})",
-                [now, now, worker, *seqs],
+                f"claimed_at = %s, changed_at = %s, worker = %s, {CLEAR_PROGRESS_SQL} WHERE seq IN ({marks}) "
+                f"AND NOT EXISTS (SELECT 1 FROM {queue} WHERE id = %s AND paused)",
+                [now, now, worker, *seqs, queue_id],
             )
+            if cur.rowcount == 0:
+                return []  # paused meanwhile: the rows stay queued (locked until this transaction ends)
             cur.execute(f"SELECT {', '.join(TAKEN_COLUMNS)} FROM {job} WHERE seq IN ({marks})", seqs)
             return fetch_dicts(cur)
 
