@@ -36,8 +36,8 @@ _LAZY = {
 _SERVICES = frozenset(
     {
         "ack", "ack_many", "cancel", "claim", "configure", "delete_queue", "enqueue", "enqueue_many",
-        "extend", "fold_counters", "get", "jobs", "nack", "policy", "prune", "queues", "reap", "release",
-        "report_progress", "requeue", "retry", "stats", "wait",
+        "extend", "fold_counters", "get", "jobs", "nack", "pause", "policy", "prune", "queues", "reap", "release",
+        "report_progress", "requeue", "resume", "retry", "stats", "wait",
     }
 )
 

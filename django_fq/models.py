@@ -80,6 +80,10 @@ class Queue(models.Model):
     idempotency_retention_ms = models.BigIntegerField(default=_DEFAULT.idempotency_retention_ms)
     timeout_ms = models.BigIntegerField(default=_DEFAULT.timeout_ms, db_default=_DEFAULT.timeout_ms)
     created_at = models.BigIntegerField(help_text="epoch ms, database clock")
+    # Flow control (docs/reference/semantics.md §9 "Pause"): every claim reads this flag in
+    # its own SQL, so a paused queue hands out no job, on any host, once pause() returned.
+    paused = models.BooleanField(default=False, db_default=False)
+    paused_at = models.BigIntegerField(null=True, blank=True, help_text="epoch ms, database clock, of the pause")
 
     class Meta:
         db_table = "django_fq_queue"

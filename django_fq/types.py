@@ -61,12 +61,34 @@ class QueuePolicy:
 
 @dataclass(frozen=True)
 class QueueInfo:
-    """A queue as listed by ``queues()``: its name, policy and counts per state."""
+    """A queue as listed by ``queues()``: its name, policy and counts per state.
+
+    ``paused``: claims of the queue hand out nothing (:func:`~django_fq.services.pause`);
+    ``paused_at``: since when (epoch ms, database clock), ``None`` while it runs.
+    """
 
     name: str
     policy: QueuePolicy
     counts: dict[str, int]
     created_at: int
+    paused: bool = False
+    paused_at: int | None = None
+
+
+@dataclass(frozen=True)
+class PauseResult:
+    """Outcome of ``pause(queue)`` / ``resume(queue)``.
+
+    ``paused`` is the queue's flag after the call and ``paused_at`` since when
+    it is paused (epoch ms, database clock; ``None`` once resumed).
+    ``changed`` is False when the queue already was in that state: nothing was
+    written (pausing again keeps the first ``paused_at``).
+    """
+
+    queue: str
+    paused: bool
+    paused_at: int | None
+    changed: bool
 
 
 @dataclass(frozen=True)
@@ -178,6 +200,7 @@ class QueueStats:
     ``counts`` is keyed by every :class:`JobState` value; ``totals`` by
     :data:`TOTAL_NAMES`; the ``*_ms_sum`` / ``*_count`` pairs measure wait time
     (claim − max(enqueued_at, run_at)) and run time (ack − claim), in ms.
+    ``paused`` / ``paused_at``: as in :class:`QueueInfo`.
     """
 
     queue: str
@@ -187,6 +210,8 @@ class QueueStats:
     wait_count: int
     run_ms_sum: int
     run_count: int
+    paused: bool = False
+    paused_at: int | None = None
 
 
 @dataclass(frozen=True)

@@ -167,13 +167,45 @@ def test_queues_lists_policy_and_counts():
     rows = ok("queues")
     assert [r["name"] for r in rows] == ["cli:a", "cli:b"]
     a, b = rows
-    assert set(a) == {"name", "policy", "counts", "created_at"}
+    assert set(a) == {"name", "policy", "counts", "created_at", "paused", "paused_at"}
+    assert (a["paused"], a["paused_at"]) == (False, None)
     assert a["counts"] == {"scheduled": 1, "ready": 1, "running": 0, "succeeded": 0, "dead": 0, "cancelled": 0}
     assert b["counts"] == dict.fromkeys(STATE_NAMES, 0)
     assert b["policy"]["concurrency"] == 2
     assert a["created_at"] > EPOCH_2020_MS
     human = fq("queues").out
     assert "cli:a" in human and "READY" in human
+
+
+def test_pause_and_resume_with_json_and_in_words():
+    ok("enqueue", Q, "1")
+    first = ok("pause", Q)
+    assert set(first) == {"queue", "paused", "paused_at", "changed"}
+    assert (first["queue"], first["paused"], first["changed"]) == (Q, True, True)
+    assert first["paused_at"] > EPOCH_2020_MS
+    assert ok("claim", Q) == []  # the claim refuses
+    again = ok("pause", Q)
+    assert again == {**first, "changed": False}  # no error, the first instant kept
+    assert "already paused" in fq("pause", Q).out
+
+    st = ok("stats", Q)
+    assert (st["paused"], st["paused_at"]) == (True, first["paused_at"])
+    assert "paused since" in fq("stats", Q).out
+    [row] = ok("queues")
+    assert (row["paused"], row["paused_at"]) == (True, first["paused_at"])
+    human = fq("queues").out.splitlines()
+    assert human[0].split()[-1] == "PAUSED" and human[1].split()[-1] == "yes"
+
+    assert ok("resume", Q) == {"queue": Q, "paused": False, "paused_at": None, "changed": True}
+    assert ok("resume", Q)["changed"] is False
+    assert fq("resume", Q).out.strip() == f"queue not paused: {Q}"
+    assert len(ok("claim", Q)) == 1
+    assert fq("queues").out.splitlines()[1].split()[-1] == "no"
+
+    for verb in ("pause", "resume"):
+        fails(verb, "cli:none", code="queue_not_found", field="queue")
+        fails(verb, "bad name!", code="invalid_queue_name", field="queue")
+    assert "cli:none" not in queue_names()
 
 
 def test_delete_removes_the_queue_and_a_second_delete_fails():
@@ -571,7 +603,8 @@ def test_stats_json_shape():
     job = claim_one()
     ok("ack", Q, job["receipt"])
     st = ok("stats", Q)
-    assert set(st) == {"queue", "counts", "totals", *TIMING_NAMES}
+    assert set(st) == {"queue", "counts", "totals", *TIMING_NAMES, "paused", "paused_at"}
+    assert (st["paused"], st["paused_at"]) == (False, None)
     assert st["queue"] == Q
     assert st["counts"] == {"scheduled": 1, "ready": 0, "running": 0, "succeeded": 1, "dead": 0, "cancelled": 0}
     assert set(TOTAL_NAMES) <= set(st["totals"])

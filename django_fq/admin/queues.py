@@ -24,6 +24,7 @@ from ..models import IdempotencyToken, Lease, Queue
 from ..services.queues import POLICY_BOUNDS
 from ..types import STATE_NAMES, TOTAL_NAMES, QueuePolicy
 from . import dashboard, display
+from .jobs import ACTION_LIMIT, NAMED_FAILURES
 
 #: The policy fields, in the order of docs/reference/semantics.md §2.
 POLICY = tuple(QueuePolicy.__dataclass_fields__)
@@ -139,6 +140,7 @@ class QueueAdmin(display.FqModelAdmin):
     form = QueuePolicyForm
     list_display = (
         "name",
+        "paused_column",
         *(f"count_{s}" for s in STATE_NAMES),
         "total_enqueued",
         "total_acked",
@@ -146,8 +148,10 @@ class QueueAdmin(display.FqModelAdmin):
         "avg_wait",
         "avg_run",
     )
+    list_filter = ("paused",)
+    actions = ("pause_selected", "resume_selected")
     search_fields = ("name",)
-    url_lookups = {"id": display.EXACT_OR_IN, "name": display.EXACT_OR_IN}
+    url_lookups = {"id": display.EXACT_OR_IN, "name": display.EXACT_OR_IN, "paused": display.EXACT}
     ordering = ("name",)
     list_per_page = 100
     show_full_result_count = False
@@ -177,7 +181,56 @@ class QueueAdmin(display.FqModelAdmin):
         actions.pop("delete_selected", None)
         return actions
 
+    # --- pause and resume: bulk actions through the services ---------------------------------
+
+    @admin.action(description="Pause selected queues", permissions=["change"])
+    def pause_selected(self, request, queryset):
+        self._pause(request, queryset, pause=True)
+
+    @admin.action(description="Resume selected queues", permissions=["change"])
+    def resume_selected(self, request, queryset):
+        self._pause(request, queryset, pause=False)
+
+    def _pause(self, request, queryset, *, pause: bool) -> None:
+        """Call ``pause`` / ``resume`` for each selected queue; log each queue it changed in the admin's history."""
+        verb, past = (fq.pause, "paused") if pause else (fq.resume, "resumed")
+        rows = list(queryset.order_by("name").values_list("pk", "name")[: ACTION_LIMIT + 1])
+        changed, unchanged, failed = 0, 0, []
+        for pk, name in rows[:ACTION_LIMIT]:
+            try:
+                res = verb(name)
+            except FqError as exc:
+                failed.append((name, exc.message))
+                continue
+            if not res.changed:
+                unchanged += 1
+                continue
+            changed += 1
+            since = f" (since {display.instant(res.paused_at)})" if res.paused else ""
+            self.log_change(request, Queue(pk=pk, name=name), f"{past.capitalize()} through the admin{since}.")
+        if changed:
+            self.message_user(request, f"{changed} queue{'s' if changed != 1 else ''} {past}.", messages.SUCCESS)
+        if unchanged:
+            already = "already paused" if pause else "not paused"
+            self.message_user(request, f"{unchanged} queue{'s' if unchanged != 1 else ''} {already}: unchanged.", messages.INFO)
+        for name, message in failed[:NAMED_FAILURES]:
+            self.message_user(request, f"Queue {name} was not {past}: {message}", messages.ERROR)
+        if len(failed) > NAMED_FAILURES:
+            self.message_user(request, f"{len(failed) - NAMED_FAILURES} more queues were not {past}.", messages.ERROR)
+        if len(rows) > ACTION_LIMIT:
+            self.message_user(
+                request,
+                f"Only the first {ACTION_LIMIT} selected queues were handled; run the action again for the rest.",
+                messages.WARNING,
+            )
+
     # --- list columns -------------------------------------------------------------------
+
+    @admin.display(description="paused", ordering="paused")
+    def paused_column(self, obj):
+        if not obj.paused:
+            return "no"
+        return format_html('<span class="fq-paused" title="since {}">paused</span>', display.instant(obj.paused_at))
 
     def _total(self, obj, *names) -> int:
         t = getattr(obj, "fq_totals", None) or {}
@@ -212,7 +265,7 @@ class QueueAdmin(display.FqModelAdmin):
         if obj is None:
             return [(None, {"fields": ["name"]}), ("Policy", {"fields": list(POLICY)})]
         return [
-            (None, {"fields": ["name", "created"]}),
+            (None, {"fields": ["name", "created", "pause_state"]}),
             ("Policy", {"fields": list(POLICY)}),
             ("Jobs and statistics", {"fields": ["state_counts", "all_totals", "times"]}),
         ]
@@ -220,7 +273,7 @@ class QueueAdmin(display.FqModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
             return ()
-        return ("name", "created", "state_counts", "all_totals", "times")
+        return ("name", "created", "pause_state", "state_counts", "all_totals", "times")
 
     def _stats(self, obj):
         if not hasattr(obj, "_fq_stats"):
@@ -230,6 +283,15 @@ class QueueAdmin(display.FqModelAdmin):
     @admin.display(description="created at")
     def created(self, obj):
         return display.instant_html(obj.created_at)
+
+    @admin.display(description="claims")
+    def pause_state(self, obj):
+        if not obj.paused:
+            return "running: claims take jobs"
+        return format_html(
+            '<span class="fq-paused">paused</span> since {}: claims hand out no job (use the "Resume selected queues" action)',
+            display.instant_html(obj.paused_at),
+        )
 
     @admin.display(description="jobs by state")
     def state_counts(self, obj):
@@ -360,6 +422,8 @@ class QueueAdmin(display.FqModelAdmin):
             table.append(
                 {
                     "name": q.name,
+                    "paused": q.paused,
+                    "paused_at": display.instant(q.paused_at) if q.paused else "",
                     "url": reverse("admin:django_fq_queue_change", args=[q.pk], current_app=self.admin_site.name),
                     "cells": [(s, counts[s], _job_list_url(q.pk, s)) for s in STATE_NAMES],
                     "enqueued": t.get("enqueued", 0),

@@ -95,11 +95,30 @@ CountsSerializer = type(
 )
 
 
+def _paused():
+    return serializers.BooleanField(help_text="true: claims of the queue hand out no job until it is resumed")
+
+
+def _paused_at():
+    return _epoch_ms(allow_null=True, help_text="epoch milliseconds (database clock) of the pause; null while running")
+
+
 class QueueInfoSerializer(serializers.Serializer):
     name = serializers.CharField()
     policy = PolicySerializer()
     counts = CountsSerializer()
     created_at = _epoch_ms()
+    paused = _paused()
+    paused_at = _paused_at()
+
+
+class PausedSerializer(serializers.Serializer):
+    """The outcome of a pause or a resume."""
+
+    queue = serializers.CharField()
+    paused = _paused()
+    paused_at = _paused_at()
+    changed = serializers.BooleanField(help_text="false: the queue already was so; nothing was written")
 
 
 class DeletedSerializer(serializers.Serializer):
@@ -289,4 +308,6 @@ class StatsSerializer(serializers.Serializer):
     wait_count = serializers.IntegerField()
     run_ms_sum = serializers.IntegerField()
     run_count = serializers.IntegerField()
+    paused = _paused()
+    paused_at = _paused_at()
 

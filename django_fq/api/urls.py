@@ -20,6 +20,8 @@ def api_patterns() -> list:
         path("queues/", views.QueueListView.as_view(), name="queues"),
         path("queues/<str:queue>/", views.QueueDetailView.as_view(), name="queue"),
         path("queues/<str:queue>/stats/", views.StatsView.as_view(), name="stats"),
+        path("queues/<str:queue>/pause/", views.QueuePauseView.as_view(), name="queue-pause"),
+        path("queues/<str:queue>/resume/", views.QueueResumeView.as_view(), name="queue-resume"),
         path("queues/<str:queue>/jobs/", views.JobsView.as_view(), name="jobs"),
         path("queues/<str:queue>/jobs/bulk/", views.BulkEnqueueView.as_view(), name="enqueue-bulk"),
         path("queues/<str:queue>/jobs/<str:job_id>/", views.JobDetailView.as_view(), name="job"),

@@ -306,7 +306,14 @@ def _queue_config(queue: str, policy: QueuePolicy) -> dict:
 
 
 def _queue_info(info) -> dict:
-    return {"name": info.name, "policy": asdict(info.policy), "counts": dict(info.counts), "created_at": info.created_at}
+    return {
+        "name": info.name,
+        "policy": asdict(info.policy),
+        "counts": dict(info.counts),
+        "created_at": info.created_at,
+        "paused": info.paused,
+        "paused_at": info.paused_at,
+    }
 
 
 def _enqueued(result) -> dict:
@@ -441,6 +448,42 @@ class QueueDetailView(FqAPIView):
         existed = _queue_exists(queue)  # for the status code only; an invalid name raises here
         policy = services.configure(queue, **changes)
         return Response(_queue_config(queue, policy), status=status.HTTP_200_OK if existed else status.HTTP_201_CREATED)
+
+
+class QueuePauseView(FqAPIView):
+    """Pause a queue: every claim of it hands out no job until it is resumed (``manage``)."""
+
+    capabilities = {"POST": (MANAGE,)}
+
+    @_doc(
+        operation_id="queue_pause",
+        summary="Pause a queue: claims get no job (running jobs settle as usual, enqueues go on)",
+        parameters=[_QUEUE_PARAM],
+        request=None,
+        responses={200: s.PausedSerializer, **_errors(*_COMMON, 404, 415)},
+        tags=["queues"],
+    )
+    def post(self, request, queue):
+        _body(request, set())  # no fields: an unknown one is refused, not ignored
+        return Response(asdict(services.pause(queue)))
+
+
+class QueueResumeView(FqAPIView):
+    """Resume a paused queue (``manage``)."""
+
+    capabilities = {"POST": (MANAGE,)}
+
+    @_doc(
+        operation_id="queue_resume",
+        summary="Resume a paused queue: claims take its jobs again",
+        parameters=[_QUEUE_PARAM],
+        request=None,
+        responses={200: s.PausedSerializer, **_errors(*_COMMON, 404, 415)},
+        tags=["queues"],
+    )
+    def post(self, request, queue):
+        _body(request, set())
+        return Response(asdict(services.resume(queue)))
 
 
 class StatsView(FqAPIView):

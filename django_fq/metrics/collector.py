@@ -83,6 +83,12 @@ class QueueCollector:
             "The queue's concurrency policy: most jobs running at once (0 = unlimited).",
             labels=["queue"],
         )
+        paused = GaugeMetricFamily(
+            "fq_queue_paused",
+            f'1 while the queue is paused (claims hand out no job), else 0; for queue="{OTHER}" the number of '
+            "those queues that are paused.",
+            labels=["queue"],
+        )
         ready_age = GaugeMetricFamily(
             "fq_queue_oldest_ready_age_seconds",
             "How long the oldest ready job has been eligible without being claimed (0 when none is ready).",
@@ -122,6 +128,7 @@ class QueueCollector:
                 "overdue": g.stuck_leases if g is not None else 0,
                 **{f"total_{total}": int(row.get(f"s_{total}") or 0) for total in TOTAL_NAMES},
                 **{n: int(row.get(f"s_{n}") or 0) for n in TIMING_NAMES},
+                "paused": 1 if info.paused else 0,
             }
             if name not in own:
                 folded += 1
@@ -131,13 +138,16 @@ class QueueCollector:
                 continue
             limit.add_metric([name], info.policy.concurrency)
             _add(jobs, ready_age, overdue, totals, wait, run, name, values, age)
+            paused.add_metric([name], values["paused"])
         if folded:
             _add(jobs, ready_age, overdue, totals, wait, run, OTHER, other, other.get("age", 0))
+            paused.add_metric([OTHER], other.get("paused", 0))
         queues.add_metric([], len(infos))
         folded_queues.add_metric([], folded)
 
         yield jobs
         yield limit
+        yield paused
         yield ready_age
         yield overdue
         yield from totals.values()

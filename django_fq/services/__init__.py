@@ -19,7 +19,7 @@ from .enqueue import enqueue, enqueue_many
 from .jobs import cancel, get, jobs, requeue, retry, stats, wait
 from .leases import ack, ack_many, claim, extend, nack, release, report_progress
 from .maintenance import fold_counters, prune, reap
-from .queues import configure, delete_queue, policy, queues
+from .queues import configure, delete_queue, pause, policy, queues, resume
 
 __all__ = [
     "ack",
@@ -35,6 +35,7 @@ __all__ = [
     "get",
     "jobs",
     "nack",
+    "pause",
     "policy",
     "prune",
     "queues",
@@ -42,6 +43,7 @@ __all__ = [
     "release",
     "report_progress",
     "requeue",
+    "resume",
     "retry",
     "stats",
     "wait",

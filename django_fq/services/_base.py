@@ -40,7 +40,7 @@ def manager(model):
 
 # In model field order: Model.from_db() maps values to fields by that order.
 _QUEUE_COLUMNS = tuple(
-    f.attname for f in Queue._meta.concrete_fields if f.attname in {"id", "name", "created_at", *POLICY_FIELDS}
+    f.attname for f in Queue._meta.concrete_fields if f.attname in {"id", "name", "created_at", "paused", "paused_at", *POLICY_FIELDS}
 )
 
 

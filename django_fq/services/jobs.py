@@ -210,6 +210,8 @@ def stats(queue: str) -> QueueStats:
         counts=counts(q.id),
         totals={n: values[n] for n in TOTAL_NAMES},
         **{n: values[n] for n in TIMING_NAMES},
+        paused=bool(q.paused),
+        paused_at=q.paused_at,
     )
 
 

@@ -1,10 +1,10 @@
-"""Queue verbs: configure, policy, queues, delete_queue."""
+"""Queue verbs: configure, policy, queues, delete_queue, pause, resume."""
 
 from __future__ import annotations
 
 from .. import db, storage, validation
 from ..exceptions import InvalidPolicy
-from ..types import STATE_NAMES, QueueInfo, QueuePolicy
+from ..types import STATE_NAMES, PauseResult, QueueInfo, QueuePolicy
 from ._base import (
     JOB,
     POLICY_FIELDS,
@@ -68,7 +68,14 @@ def queues() -> list[QueueInfo]:
     rows = list(manager(Queue).order_by("name"))
     counts = _counts_by_queue()
     return [
-        QueueInfo(name=q.name, policy=policy_of(q), counts=counts.get(q.id, _zero_counts()), created_at=q.created_at)
+        QueueInfo(
+            name=q.name,
+            policy=policy_of(q),
+            counts=counts.get(q.id, _zero_counts()),
+            created_at=q.created_at,
+            paused=bool(q.paused),
+            paused_at=q.paused_at,
+        )
         for q in rows
     ]
 
@@ -94,6 +101,50 @@ def delete_queue(queue: str) -> None:
         store.delete_queue_rows(conn, q.id)
 
     db.retrying(apply)
+
+
+def pause(queue: str) -> PauseResult:
+    """Stop every claim of ``queue``, on every host, from the moment this returns.
+
+    The flag is written in one transaction and read by each claim's own SQL
+    (docs/reference/semantics.md §9 "Pause"): a claim that starts after this returned
+    hands out no job (an empty list; a long poll waits its ``wait_ms`` out, then
+    returns none). Jobs already running go on, and their ack, nack, release,
+    extend and progress work as usual; enqueues still add jobs; the reaper
+    still ends expired leases, and those jobs wait, ready or scheduled, for
+    :func:`resume`. ``paused_at`` is the database clock (epoch ms) of the pause.
+
+    Pausing a paused queue changes nothing and returns ``changed=False`` with
+    the first ``paused_at``. Raises :class:`InvalidQueueName`,
+    :class:`QueueNotFound` (and creates nothing).
+    """
+    return _set_paused(queue, True)
+
+
+def resume(queue: str) -> PauseResult:
+    """Let claims of ``queue`` take jobs again (undoes :func:`pause`).
+
+    Idle workers and long polls are woken as by an enqueue (PostgreSQL's
+    NOTIFY at commit; this process's waiters elsewhere, other processes at
+    their next poll). Resuming a queue that is not paused changes nothing and
+    returns ``changed=False``. Raises :class:`InvalidQueueName`,
+    :class:`QueueNotFound`.
+    """
+    return _set_paused(queue, False)
+
+
+def _set_paused(queue: str, paused: bool) -> PauseResult:
+    def apply():
+        conn = db.connection()
+        q = get_queue(queue)
+        changed = storage.for_connection(conn).set_paused(conn, now=db.now_sql(conn), queue_id=q.id, paused=paused)
+        if changed and not paused:
+            db.notify(conn, queue)  # at commit, as an enqueue's: idle claimers look again at once
+        if changed:
+            q = get_queue(queue)  # paused_at as the database stamped it
+        return PauseResult(queue=queue, paused=bool(q.paused), paused_at=q.paused_at, changed=changed)
+
+    return db.retrying(apply)
 
 
 def _zero_counts() -> dict[str, int]:

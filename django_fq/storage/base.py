@@ -429,7 +429,8 @@ class Store(abc.ABC):
         """The one-statement claim (only where :attr:`supports_one_statement_claim`); one round trip, autocommit.
 
         Looks queue ``queue_name`` up; unless it has a concurrency limit, or
-        expired leases and not ``after_reap``, takes up to ``count`` (1–1000)
+        expired leases and not ``after_reap``, and unless it is paused (no job
+        then, as from an empty queue), takes up to ``count`` (1–1000)
         eligible jobs in claim order whose summed payload sizes stay within
         ``cap`` bytes, under leases of ``visibility_ms`` (``None``: the queue's
         default; capped by each job's timeout), writes the leases (receipt
@@ -450,7 +451,7 @@ class Store(abc.ABC):
         Returns ``(queue_id, visibility_ms, ready, expired)``: the queue's id and
         default lease length (ms), whether it has an eligible job (``queued``,
         ``run_at`` at or before the database clock; one held by another claim
-        counts) and whether it has an expired lease; ``()`` when there is no
+        counts; never while the queue is paused) and whether it has an expired lease; ``()`` when there is no
         such queue. ``None`` where this is not offered (the claim then looks
         the queue up and handles expiry in its transaction, whatever it finds),
         and wherever a read could be older than the newest commit (a caller's
@@ -464,7 +465,9 @@ class Store(abc.ABC):
 
         Eligible: ``queued`` with ``run_at`` at or before now (database
         clock), taken in claim order (priority descending, then ``seq``),
-        passing over jobs other transactions hold. With ``concurrency`` > 0
+        passing over jobs other transactions hold. Nothing while the queue is
+        paused: the flag is read by the statement that takes the jobs (or under
+        a lock a pause waits for), never from a copy. With ``concurrency`` > 0
         (the limit read before) the limit is read again under a lock that
         serialises the queue's claims, and no more jobs are taken than it
         leaves free beside the queue's live leases. The summed payload sizes
@@ -613,6 +616,22 @@ class Store(abc.ABC):
         with conn.cursor() as cur:
             cur.execute(f"SELECT COUNT(*) FROM {QUEUE_TABLE}")
             return int(cur.fetchone()[0])
+
+    def set_paused(self, conn: Any, *, now: str, queue_id: int, paused: bool) -> bool:
+        """Pause (``paused`` True) or resume queue ``queue_id``; one round trip. False: it already was so.
+
+        Pausing stamps ``paused_at`` with the database clock ``now`` (epoch ms);
+        resuming clears it. Nothing is written when the flag already has that
+        value. The claims read the flag in their own SQL (:meth:`claim_statement`,
+        :meth:`take_jobs`, :meth:`claim_facts`; docs/reference/semantics.md §9 "Pause").
+        """
+        stamp = now if paused else "NULL"
+        with conn.cursor() as cur:
+            cur.execute(
+                f"UPDATE {QUEUE_TABLE} SET paused = %s, paused_at = {stamp} WHERE id = %s AND paused <> %s",
+                [paused, queue_id, paused],
+            )
+            return cur.rowcount == 1
 
     def clock_plus(self, conn: Any, now: str, delta_ms: int) -> int:
         """The database clock plus ``delta_ms`` (epoch ms), read in one round trip."""

@@ -535,8 +535,8 @@ class MysqlStore(Store):
             # deadline is one index dive (min/max); "deadline <= clock" would scan the queue's
             # leases, SYSDATE being no constant the range could start from.
             cur.execute(
-                f"SELECT q.id, q.visibility_ms, EXISTS (SELECT 1 FROM {JOB_TABLE} j FORCE INDEX (fq_job_claim) "
-                f"WHERE j.queue_id = q.id AND j.state = 'queued' AND j.run_at <= {now}), "
+                f"SELECT q.id, q.visibility_ms, NOT q.paused AND EXISTS (SELECT 1 FROM {JOB_TABLE} j "
+                f"FORCE INDEX (fq_job_claim) WHERE j.queue_id = q.id AND j.state = 'queued' AND j.run_at <= {now}), "
                 f"COALESCE((SELECT MIN(l.deadline) FROM {LEASE_TABLE} l WHERE l.queue_id = q.id) <= {now}, 0) "
                 f"FROM {QUEUE_TABLE} q WHERE q.name = %s",
                 [queue_name],
@@ -554,7 +554,11 @@ class MysqlStore(Store):
         the eligible jobs locked ``FOR UPDATE SKIP LOCKED`` (their sizes only,
         and the clock, whose latest reading is ``claimed_at`` of every job);
         one ``UPDATE``; the taken rows read back (the transaction sees its own
-        writes).
+        writes). The pause flag: with a limit, read with the limit under the
+        share lock (a pause()'s ``UPDATE`` waits for those claims); without
+        one, in the ``UPDATE`` that takes the jobs, which reads it after the
+        locking read of the jobs (no round trip of its own; in a caller's
+        transaction, whose snapshot may be old, one locking read first).
         """
         from .. import db
 
@@ -568,14 +572,22 @@ class MysqlStore(Store):
                 # a share lock, which producers' share locks let through and configure()'s
                 # UPDATE waits for (and it for configure): a configure() that committed wins.
                 self._lock_row(cur, f"fq-queue-claims-{queue_id:x}")
-                cur.execute(f"SELECT concurrency FROM {queue} WHERE id = %s LOCK IN SHARE MODE", [queue_id])
+                cur.execute(f"SELECT concurrency, paused FROM {queue} WHERE id = %s LOCK IN SHARE MODE", [queue_id])
                 row = cur.fetchone()
-                concurrency = row[0] if row is not None else 0
+                if row is None or row[1]:
+                    return []
+                concurrency = row[0]
                 if concurrency > 0:  # 0 now means unlimited
                     cur.execute(f"SELECT COUNT(*) FROM {lease} WHERE queue_id = %s LOCK IN SHARE MODE", [queue_id])
                     count = min(count, concurrency - cur.fetchone()[0])
                     if count <= 0:
                         return []
+            elif self.may_read_stale(conn):
+                # A caller's snapshot may predate a pause(): read the flag from the newest commit.
+                cur.execute(f"SELECT paused FROM {queue} WHERE id = %s LOCK IN SHARE MODE", [queue_id])
+                row = cur.fetchone()
+                if row is None or row[0]:
+                    return []
             # The clock is read by the locking read itself, with each row it takes (SYSDATE: at
             # execution), and the latest of those readings stamps every job: no row was taken
             # before its run_at, and no round trip of its own for the clock. The claim index is
@@ -593,11 +605,17 @@ class MysqlStore(Store):
                 return []
             now = max(int(row[2]) for row in taken)
             marks = ", ".join(["%s"] * len(seqs))
+            # The pause flag in the statement that takes the jobs (READ COMMITTED: read as this
+            # statement starts, after the locking read above): a pause() that committed before
+            # those rows were read is seen, so no job enqueued after pause() returned is taken.
             cur.execute(
                 f"UPDATE {job} SET state = 'running', attempts = attempts + 1, generation = generation + 1, "
-                f"claimed_at = %s, changed_at = %s, worker = %s, {CLEAR_PROGRESS_SQL} WHERE seq IN ({marks})",
-                [now, now, worker, *seqs],
+                f"claimed_at = %s, changed_at = %s, worker = %s, {CLEAR_PROGRESS_SQL} WHERE seq IN ({marks}) "
+                f"AND NOT EXISTS (SELECT 1 FROM {queue} WHERE id = %s AND paused)",
+                [now, now, worker, *seqs, queue_id],
             )
+            if cur.rowcount == 0:
+                return []  # paused meanwhile: the rows stay queued (locked until this transaction ends)
             cur.execute(f"SELECT {', '.join(TAKEN_COLUMNS)} FROM {job} WHERE seq IN ({marks})", seqs)
             return fetch_dicts(cur)
 

@@ -42,10 +42,12 @@ _ACKED_JSON = ACKED_JSON
 # (``go``), lock up to n eligible jobs in claim order (FOR UPDATE SKIP LOCKED), keep
 # those within the payload cap, mark them running, write their leases and add to
 # the counters. Every row carries the queue's facts, so the caller can take the
-# slower path when ``go`` was empty; no row at all: no such queue.
+# slower path when ``go`` was empty; no row at all: no such queue. A paused queue
+# picks nothing: the flag comes from the statement's own read of the queue row, so a
+# claim that starts after pause() committed takes no job.
 _CLAIM_PG = """
 WITH q AS (
-    SELECT id, concurrency, visibility_ms,
+    SELECT id, concurrency, visibility_ms, paused,
         EXISTS (SELECT 1 FROM {lease} l WHERE l.queue_id = {queue}.id AND l.deadline <= {now}) AS expired
     FROM {queue} WHERE name = %(name)s),
 go AS (
@@ -55,7 +57,8 @@ c AS (SELECT {now} AS t{relax}),
 h AS (SELECT string_to_array(%(hashes)s, ',') AS a),
 picked AS (
     SELECT seq, priority, payload_size FROM {job}
-    WHERE queue_id = (SELECT id FROM go) AND state = 'queued' AND run_at <= (SELECT t FROM c)
+    WHERE queue_id = (SELECT id FROM go) AND NOT (SELECT paused FROM q)
+        AND state = 'queued' AND run_at <= (SELECT t FROM c)
     ORDER BY priority DESC, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED),
 ranked AS (
     SELECT seq, ROW_NUMBER() OVER w AS rn, SUM(payload_size) OVER w AS cum
@@ -322,8 +325,10 @@ class PostgresStore(Store):
     def take_jobs(self, conn: Any, *, queue_id: int, count: int, concurrency: int, worker: str, cap: int) -> list[dict]:
         """Up to four round trips: the limit re-read under ``FOR NO KEY UPDATE`` and the live leases counted
         (only with a limit), the jobs locked ``FOR UPDATE SKIP LOCKED``, then one ``UPDATE … RETURNING``."""
+        from django.db.models import Exists
+
         from .. import db
-        from ..models import Job
+        from ..models import Job, Queue
 
         queue, job, lease = QUEUE_TABLE, JOB_TABLE, LEASE_TABLE
         now = db.now_sql(conn)
@@ -340,9 +345,12 @@ class PostgresStore(Store):
                     count = min(count, concurrency - cur.fetchone()[0])
                     if count <= 0:
                         return []
+            # The pause flag in the statement that locks the jobs (an uncorrelated subquery,
+            # evaluated once): the jobs and the flag come from one snapshot.
+            paused = Queue.objects.using(conn.alias).filter(id=queue_id, paused=True)
             picked = list(
                 Job.objects.using(conn.alias)
-                .filter(queue_id=queue_id, state="queued", run_at__lte=db.DbNow())
+                .filter(~Exists(paused), queue_id=queue_id, state="queued", run_at__lte=db.DbNow())
                 .order_by("-priority", "seq")
                 .select_for_update(skip_locked=True)
                 .values_list("seq", "payload_size")[:count]

@@ -13,7 +13,17 @@ from typing import Any
 
 from django.db import transaction
 
-from .base import ACKED_JSON, CLEAR_PROGRESS_SQL, JOB_TABLE, LEASE_TABLE, TAKEN_COLUMNS, Finding, Store, fetch_dicts
+from .base import (
+    ACKED_JSON,
+    CLEAR_PROGRESS_SQL,
+    JOB_TABLE,
+    LEASE_TABLE,
+    QUEUE_TABLE,
+    TAKEN_COLUMNS,
+    Finding,
+    Store,
+    fetch_dicts,
+)
 
 # SQLite keeps 'now' as whole milliseconds of the Julian day; julianday() returns
 # that over 86400000.0, so rounding recovers the exact millisecond. (No '%' in the
@@ -166,7 +176,8 @@ class SqliteStore(Store):
         returning = ", ".join(TAKEN_COLUMNS)
         with conn.cursor() as cur:
             # One statement takes the write lock and the jobs at once, whatever
-            # the transaction mode, so two processes can never take one job.
+            # the transaction mode, so two processes can never take one job; it
+            # reads the pause flag under that lock, so a pause() waits for it.
             limit, params = "%s", [count]
             if concurrency > 0:
                 limit = f"MAX(0, MIN(%s, %s - (SELECT COUNT(*) FROM {lease} WHERE queue_id = %s)))"
@@ -176,9 +187,10 @@ class SqliteStore(Store):
                 f"claimed_at = {now}, changed_at = {now}, worker = %s, {CLEAR_PROGRESS_SQL} WHERE seq IN ("
                 f"SELECT seq FROM (SELECT seq, SUM(payload_size) OVER (ORDER BY priority DESC, seq "
                 f"ROWS UNBOUNDED PRECEDING) AS cum FROM (SELECT seq, priority, payload_size FROM {job} "
-                f"WHERE queue_id = %s AND state = 'queued' AND run_at <= {now} ORDER BY priority DESC, seq "
+                f"WHERE queue_id = %s AND state = 'queued' AND run_at <= {now} "
+                f"AND NOT EXISTS (SELECT 1 FROM {QUEUE_TABLE} WHERE id = %s AND paused) ORDER BY priority DESC, seq "
                 f"LIMIT {limit})) WHERE cum <= %s) RETURNING {returning}",
-                [worker, queue_id, *params, cap],
+                [worker, queue_id, queue_id, *params, cap],
             )
             return fetch_dicts(cur)
 

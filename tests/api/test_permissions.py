@@ -27,6 +27,8 @@ ENDPOINTS = [
     ("patch", "queue", {"max_attempts": 3}, ("manage",)),
     ("delete", "queue", None, ("manage",)),
     ("get", "stats", None, ("manage",)),
+    ("post", "queue-pause", None, ("manage",)),
+    ("post", "queue-resume", None, ("manage",)),
     ("get", "jobs", None, ("manage",)),
     ("post", "jobs", {"payload": 1}, ("produce",)),
     ("post", "enqueue-bulk", {"jobs": [{"payload": 1}]}, ("produce",)),
@@ -96,10 +98,13 @@ def test_denied_requests_change_nothing():
     assert producer.post(url("claim", Q), {}).status_code == 403
     assert producer.delete(url("queue", Q)).status_code == 403
     assert producer.post(url("job-cancel", Q, job)).status_code == 403
+    assert producer.post(url("queue-pause", Q)).status_code == 403
     consumer = _client("consume")
+    assert consumer.post(url("queue-pause", Q)).status_code == 403
     assert consumer.post(url("jobs", Q), {"payload": 2}).status_code == 403
     assert services.get(Q, job).state == "ready"
     assert services.stats(Q).totals["enqueued"] == 1
+    assert services.stats(Q).paused is False
 
 
 def test_permissions_granted_through_a_group():

@@ -17,6 +17,8 @@ EXPECTED = {
     "/queues/": {"get"},
     "/queues/{queue}/": {"get", "put", "patch", "delete"},
     "/queues/{queue}/stats/": {"get"},
+    "/queues/{queue}/pause/": {"post"},
+    "/queues/{queue}/resume/": {"post"},
     "/queues/{queue}/jobs/": {"get", "post"},
     "/queues/{queue}/jobs/bulk/": {"post"},
     "/queues/{queue}/jobs/{job_id}/": {"get"},

@@ -78,6 +78,26 @@ def test_every_queue_is_reported_and_a_deleted_one_disappears():
     assert not [k for k in found if ("queue", "m:two") in k[1]]
 
 
+def test_the_paused_gauge_follows_pause_and_resume(settings):
+    fq.configure("m:one")
+    fq.configure("m:two")
+    assert value(scrape(), "fq_queue_paused", queue="m:one") == 0
+    fq.pause("m:one")
+    found = scrape()
+    assert (value(found, "fq_queue_paused", queue="m:one"), value(found, "fq_queue_paused", queue="m:two")) == (1, 0)
+    fq.resume("m:one")
+    assert value(scrape(), "fq_queue_paused", queue="m:one") == 0
+
+    # Past FQ_METRICS_MAX_QUEUES the folded queues report how many of them are paused.
+    settings.FQ_METRICS_MAX_QUEUES = 1
+    for name in ("m:three", "m:four"):
+        fq.configure(name)
+        fq.pause(name)
+    found = scrape()
+    assert value(found, "fq_queue_paused", queue="(other)") == 2
+    assert not [k for k in found if k[0] == "fq_queue_paused" and ("queue", "m:two") in k[1]]
+
+
 def test_oldest_ready_age_and_overdue_leases_use_the_database_clock(clock):
     fq.configure(Q, backoff_ms=0)
     fq.enqueue(Q, {"wait": True})

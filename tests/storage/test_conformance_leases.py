@@ -475,6 +475,60 @@ def test_stale_receipt_of_an_older_generation_and_a_replayed_settle():
     assert Job.objects.get(uid=uid).result == '{"n":1}'
 
 
+# --- pause: set_paused, and every claim method reads the flag -----------------------------------
+
+
+def _set_paused(queue_id: int, paused: bool) -> bool:
+    conn = db.connection()
+    return db.retrying(
+        lambda: storage.for_connection(conn).set_paused(conn, now=db.now_sql(conn), queue_id=queue_id, paused=paused)
+    )
+
+
+def test_set_paused_stamps_the_clock_and_writes_only_a_change(frozen):
+    qid = _queue("cf:pause")
+    assert _set_paused(qid, True) is True
+    assert Queue.objects.filter(id=qid).values_list("paused", "paused_at").get() == (True, frozen.now)
+    frozen.set(frozen.now + 5)
+    assert _set_paused(qid, True) is False  # already paused: the first instant stays
+    assert Queue.objects.get(id=qid).paused_at == frozen.now - 5
+    assert _set_paused(qid, False) is True
+    assert Queue.objects.filter(id=qid).values_list("paused", "paused_at").get() == (False, None)
+    assert _set_paused(qid, False) is False
+    assert _set_paused(qid + 10_000, True) is False  # no such queue: nothing written
+
+
+@pytest.mark.parametrize("concurrency", [0, 2])
+def test_take_jobs_takes_nothing_from_a_paused_queue(concurrency):
+    qid = _queue(f"cf:paused{concurrency}", concurrency=concurrency)
+    [uid] = _jobs(qid, 1)
+    _set_paused(qid, True)
+    assert _take(qid, 5, concurrency=concurrency) == []
+    assert Job.objects.get(uid=uid).state == "queued"
+    _set_paused(qid, False)
+    assert [r["uid"] for r in _take(qid, 5, concurrency=concurrency)] == [uid]
+
+
+def test_claim_statement_picks_nothing_from_a_paused_queue():
+    store = _store()
+    if not store.supports_one_statement_claim:
+        pytest.skip("this store claims through take_jobs")
+    qid = _queue("cf:paused-stmt")
+    _jobs(qid, 2)
+    _set_paused(qid, True)
+
+    def claim():
+        return store.claim_statement(
+            connection, queue_name="cf:paused-stmt", count=5, visibility_ms=None, worker="", after_reap=False,
+            cap=CLAIM_PAYLOAD_CAP_BYTES, hashes=["a" * 64] * 5, relaxed=False,
+        )
+
+    [row] = claim()  # the queue's facts, claimed through this statement (vis set), and no job
+    assert row[0] == qid and row[4] is not None and row[5] is None
+    _set_paused(qid, False)
+    assert len([r for r in claim() if r[5] is not None]) == 2
+
+
 # --- claim_statement (where the claim is one statement) -------------------------------------------------
 
 
@@ -510,6 +564,10 @@ def test_claim_facts_say_whether_a_claim_would_find_a_job_or_an_expired_lease(fr
     assert _facts("cf:facts") == (qid, 4321, False, True)
     other = _queue("cf:facts-other")
     assert _facts("cf:facts-other") == (other, 30_000, False, False)  # another queue's job and lease count not
+    _jobs(other, 1)
+    assert _facts("cf:facts-other") == (other, 30_000, True, False)
+    _set_paused(other, True)
+    assert _facts("cf:facts-other") == (other, 30_000, False, False)  # paused: nothing to claim
 
 
 def test_claim_facts_are_not_read_in_a_callers_transaction():

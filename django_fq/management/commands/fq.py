@@ -160,6 +160,12 @@ class Command(BaseCommand):
         p = op("delete", "Delete a queue with all its jobs, leases and idempotency tokens.")
         queue(p)
 
+        p = op("pause", "Stop every claim of a queue (running jobs finish; enqueues go on) until resume.")
+        queue(p)
+
+        p = op("resume", "Let claims of a paused queue take jobs again.")
+        queue(p)
+
         p = op("enqueue", "Add one job; prints its id and whether it was created (0 for a duplicate).")
         queue(p)
         p.add_argument("payload", metavar="PAYLOAD_JSON", help='the payload as JSON (e.g. \'{"to": 1}\'), or - to read stdin')
@@ -366,15 +372,30 @@ class Command(BaseCommand):
         def human(rows):
             if not rows:
                 return "no queues"
-            head = ["QUEUE", *(s.upper() for s in STATE_NAMES), "CONCURRENCY", "MAX_ATTEMPTS", "VISIBILITY_MS"]
+            head = ["QUEUE", *(s.upper() for s in STATE_NAMES), "CONCURRENCY", "MAX_ATTEMPTS", "VISIBILITY_MS", "PAUSED"]
             body = [
                 [r["name"], *(r["counts"][s] for s in STATE_NAMES), r["policy"]["concurrency"],
-                 r["policy"]["max_attempts"], r["policy"]["visibility_ms"]]
+                 r["policy"]["max_attempts"], r["policy"]["visibility_ms"], "yes" if r["paused"] else "no"]
                 for r in rows
             ]  # fmt: skip
             return _table(head, body)
 
         self._emit(data, human)
+
+    def do_pause(self, o):
+        self._paused(services.pause(o["queue"]))
+
+    def do_resume(self, o):
+        self._paused(services.resume(o["queue"]))
+
+    def _paused(self, res):
+        def human(d):
+            if d["paused"]:
+                verb = "paused queue" if d["changed"] else "queue already paused:"
+                return f"{verb} {d['queue']} (since {_when(d['paused_at'])})"
+            return f"resumed queue {d['queue']}" if d["changed"] else f"queue not paused: {d['queue']}"
+
+        self._emit(asdict(res), human)
 
     def do_delete(self, o):
         services.delete_queue(o["queue"])
@@ -541,7 +562,8 @@ class Command(BaseCommand):
         data = asdict(st)
 
         def human(d):
-            lines = [f"queue {d['queue']}", "counts:"]
+            paused = f"paused since {_when(d['paused_at'])}" if d["paused"] else "running (not paused)"
+            lines = [f"queue {d['queue']}", f"state: {paused}", "counts:"]
             lines.append(_pairs(((s, d["counts"].get(s, 0)) for s in STATE_NAMES), indent="  "))
             lines.append("totals:")
             names = [n for n in TOTAL_NAMES if n in d["totals"]] + [n for n in d["totals"] if n not in TOTAL_NAMES]
@@ -760,7 +782,14 @@ def _envelopes(text: str) -> list:
 
 
 def _queue_dict(q) -> dict:
-    return {"name": q.name, "policy": asdict(q.policy), "counts": dict(q.counts), "created_at": q.created_at}
+    return {
+        "name": q.name,
+        "policy": asdict(q.policy),
+        "counts": dict(q.counts),
+        "created_at": q.created_at,
+        "paused": q.paused,
+        "paused_at": q.paused_at,
+    }
 
 
 def _enqueued(res) -> dict:
