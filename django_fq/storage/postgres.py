@@ -20,6 +20,7 @@ from .base import (
     ACKED_JSON,
     CLEAR_PROGRESS_SQL,
     COUNTER_TABLE,
+    FLOOR_TABLE,
     JOB_TABLE,
     LEASE_TABLE,
     QUEUE_TABLE,
@@ -43,27 +44,53 @@ _ACKED_JSON = ACKED_JSON
 # those within the payload cap, mark them running, write their leases and add to
 # the counters. Every row carries the queue's facts, so the caller can take the
 # slower path when ``go`` was empty; no row at all: no such queue.
+#
+# The queue's claim floor (``fl``; none: priority 0 from seq 0, i.e. everything) bounds both
+# scans from below: the expired-lease check reads deadlines from ``lease_from`` on, and the
+# jobs are read in three bands that together are the whole claim order (above the floor's
+# priority, at it from its seq on, below it), each locking as the outer LIMIT pulls. The
+# claim time (``c2``) is read after the job locks, so after this transaction has its id:
+# the floor's lease rule relies on it (docs/explanation/storage.md#the-claim-floor).
 _CLAIM_PG = """
-WITH q AS (
-    SELECT id, concurrency, visibility_ms,
-        EXISTS (SELECT 1 FROM {lease} l WHERE l.queue_id = {queue}.id AND l.deadline <= {now}) AS expired
-    FROM {queue} WHERE name = %(name)s),
+WITH q0 AS (SELECT id, concurrency, visibility_ms FROM {queue} WHERE name = %(name)s),
+fl AS (
+    SELECT COALESCE(MAX(f.priority), 0) AS p, COALESCE(MAX(f.seq), 0) AS s, COALESCE(MAX(f.lease_from), 0) AS lf
+    FROM {floor} f WHERE f.queue_id = (SELECT id FROM q0)),
+q AS (
+    SELECT q0.id, q0.concurrency, q0.visibility_ms,
+        EXISTS (SELECT 1 FROM {lease} l WHERE l.queue_id = q0.id AND l.deadline >= fl.lf AND l.deadline <= {now})
+            AS expired
+    FROM q0 CROSS JOIN fl),
 go AS (
     SELECT id, COALESCE(%(vis)s::bigint, visibility_ms) AS vis FROM q
     WHERE concurrency = 0 AND (NOT expired OR %(after_reap)s::boolean)),
 c AS (SELECT {now} AS t{relax}),
 h AS (SELECT string_to_array(%(hashes)s, ',') AS a),
 picked AS (
-    SELECT seq, priority, payload_size FROM {job}
-    WHERE queue_id = (SELECT id FROM go) AND state = 'queued' AND run_at <= (SELECT t FROM c)
-    ORDER BY priority DESC, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED),
+    SELECT seq, priority, payload_size FROM (
+        SELECT * FROM (SELECT seq, priority, payload_size FROM {job}
+            WHERE queue_id = (SELECT id FROM go) AND state = 'queued' AND run_at <= (SELECT t FROM c)
+                AND priority > (SELECT p FROM fl)
+            ORDER BY priority DESC, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED) AS above
+        UNION ALL
+        SELECT * FROM (SELECT seq, priority, payload_size FROM {job}
+            WHERE queue_id = (SELECT id FROM go) AND state = 'queued' AND run_at <= (SELECT t FROM c)
+                AND priority = (SELECT p FROM fl) AND seq >= (SELECT s FROM fl)
+            ORDER BY seq LIMIT %(n)s FOR UPDATE SKIP LOCKED) AS at_floor
+        UNION ALL
+        SELECT * FROM (SELECT seq, priority, payload_size FROM {job}
+            WHERE queue_id = (SELECT id FROM go) AND state = 'queued' AND run_at <= (SELECT t FROM c)
+                AND priority < (SELECT p FROM fl)
+            ORDER BY priority DESC, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED) AS below
+    ) AS bands LIMIT %(n)s),
 ranked AS (
     SELECT seq, ROW_NUMBER() OVER w AS rn, SUM(payload_size) OVER w AS cum
     FROM picked WINDOW w AS (ORDER BY priority DESC, seq ROWS UNBOUNDED PRECEDING)),
+c2 AS (SELECT {now} AS t FROM (SELECT COUNT(*) FROM picked) AS after_locks),
 taken AS (
     UPDATE {job} j SET state = 'running', attempts = j.attempts + 1, generation = j.generation + 1,
-        claimed_at = c.t, changed_at = c.t, worker = %(w)s, {clear}
-    FROM ranked, c WHERE j.seq = ranked.seq AND ranked.cum <= %(cap)s
+        claimed_at = c2.t, changed_at = c2.t, worker = %(w)s, {clear}
+    FROM ranked, c2 WHERE j.seq = ranked.seq AND ranked.cum <= %(cap)s
     RETURNING j.seq, j.uid, j.payload, j.generation, j.attempts, j.max_attempts, j.priority,
         j.enqueued_at, j.run_at, j.timeout_ms, j.claimed_at, ranked.rn, j.metadata),
 leases AS (
@@ -180,6 +207,7 @@ class PostgresStore(Store):
     supports_server_prepare = True
     supports_one_statement_claim = True
     supports_one_statement_ack = True
+    supports_claim_floor = True
     embedded = False
     export_name = vendor
     key_share_sql = " FOR KEY SHARE"
@@ -303,7 +331,10 @@ class PostgresStore(Store):
         # Autocommit: this statement is its own transaction, and set_config(..., true)
         # relaxes just that transaction's commit (see db.relaxed_commit).
         relax = " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed" if relaxed else ""
-        sql = _CLAIM_PG.format(now=db.now_sql(conn), clear=CLEAR_PROGRESS_SQL, relax=relax, queue=queue, job=job, lease=lease, counter=counter)
+        sql = _CLAIM_PG.format(
+            now=db.now_sql(conn), clear=CLEAR_PROGRESS_SQL, relax=relax, queue=queue, job=job, lease=lease,
+            counter=counter, floor=FLOOR_TABLE,
+        )
         with self.hot_cursor(conn) as cur:
             cur.execute(
                 sql,
@@ -318,6 +349,90 @@ class PostgresStore(Store):
                 },
             )
             return cur.fetchall()
+
+    # --- the claim floor (docs/explanation/storage.md#the-claim-floor) -------------------------
+
+    def lock_claim_floor(self, conn: Any, queue_id: int) -> dict | None:
+        """One ``SELECT … FOR UPDATE SKIP LOCKED``: never waits, so a raise never holds up a writer's commit."""
+        with conn.cursor() as cur:
+            cur.execute(
+                f"SELECT priority, seq, lease_from, pend_seq, pend_lease_from, pend_xmax FROM {FLOOR_TABLE} "
+                f"WHERE queue_id = %s FOR UPDATE SKIP LOCKED",
+                [queue_id],
+            )
+            return (fetch_dicts(cur) or [None])[0]
+
+    def create_claim_floor(self, conn: Any, queue_id: int) -> None:
+        """``INSERT … SELECT`` from the queue row (none: the queue is gone) ``ON CONFLICT DO NOTHING``."""
+        with conn.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO {FLOOR_TABLE} (queue_id, priority, seq, lease_from) "
+                f"SELECT id, 0, 0, 0 FROM {QUEUE_TABLE} WHERE id = %s ON CONFLICT (queue_id) DO NOTHING",
+                [queue_id],
+            )
+
+    def claim_floor_facts(self, conn: Any, *, queue_id: int, priority: int, seq: int, lease_from: int) -> dict:
+        """One ``SELECT``: ``pg_current_snapshot()`` is the statement's own snapshot, the one the subqueries read.
+
+        ``started_ms`` is ``statement_timestamp()``, set before the snapshot is
+        taken (plus the test clock offset, as :func:`~django_fq.db.now_sql`).
+        """
+        from .. import conf
+
+        started = f"(FLOOR(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::bigint + {conf.clock_offset_ms():d})"
+        with conn.cursor() as cur:
+            cur.execute(
+                f"SELECT pg_snapshot_xmin(s.snap)::text::bigint, pg_snapshot_xmax(s.snap)::text::bigint, "
+                f"(SELECT seq FROM {JOB_TABLE} WHERE queue_id = %(q)s AND state = 'queued' AND priority = %(p)s "
+                f"AND seq >= %(s)s ORDER BY seq LIMIT 1), "
+                f"(SELECT MAX(seq) FROM {JOB_TABLE}), "
+                f"(SELECT MIN(deadline) FROM {LEASE_TABLE} WHERE queue_id = %(q)s AND deadline >= %(lf)s), "
+                f"{started} FROM (SELECT pg_current_snapshot() AS snap) AS s",
+                {"q": queue_id, "p": priority, "s": seq, "lf": lease_from},
+            )
+            xmin, xmax, first_seq, max_seq, lease_min, started_ms = cur.fetchone()
+        return {
+            "xmin": int(xmin), "xmax": int(xmax), "first_seq": first_seq, "max_seq": max_seq,
+            "lease_min": lease_min, "started_ms": int(started_ms),
+        }  # fmt: skip
+
+    def write_claim_floor(
+        self,
+        conn: Any,
+        *,
+        queue_id: int,
+        seq: int,
+        lease_from: int,
+        pend_seq: int | None,
+        pend_lease_from: int | None,
+        pend_xmax: int | None,
+    ) -> None:
+        with conn.cursor() as cur:
+            cur.execute(
+                f"UPDATE {FLOOR_TABLE} SET seq = %s, lease_from = %s, pend_seq = %s, pend_lease_from = %s, "
+                f"pend_xmax = %s WHERE queue_id = %s",
+                [seq, lease_from, pend_seq, pend_lease_from, pend_xmax, queue_id],
+            )
+
+    def lower_claim_floors(self, conn: Any, jobs: Sequence[tuple[int, int, int]]) -> None:
+        """One ``UPDATE … FROM unnest(…)`` that writes (and locks) only the floors it must lower.
+
+        A floor already at or below every job writes nothing, so the common nack
+        leaves no row version behind; one it lowers stays locked until commit,
+        which a raise (``SKIP LOCKED``) then passes over.
+        """
+        if not jobs:
+            return
+        with conn.cursor() as cur:
+            cur.execute(
+                f"UPDATE {FLOOR_TABLE} f SET seq = LEAST(f.seq, v.seq), "
+                f"pend_seq = CASE WHEN f.pend_seq > v.seq THEN v.seq ELSE f.pend_seq END "
+                f"FROM (SELECT queue_id, priority, MIN(seq) AS seq "
+                f"FROM unnest(%s::bigint[], %s::integer[], %s::bigint[]) AS u(queue_id, priority, seq) "
+                f"GROUP BY queue_id, priority) AS v "
+                f"WHERE f.queue_id = v.queue_id AND f.priority = v.priority AND (f.seq > v.seq OR f.pend_seq > v.seq)",
+                [[j[0] for j in jobs], [j[1] for j in jobs], [j[2] for j in jobs]],
+            )
 
     def take_jobs(self, conn: Any, *, queue_id: int, count: int, concurrency: int, worker: str, cap: int) -> list[dict]:
         """Up to four round trips: the limit re-read under ``FOR NO KEY UPDATE`` and the live leases counted
