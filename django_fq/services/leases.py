@@ -227,45 +227,52 @@ def _claimed(conn, queue_id: int, n: int) -> None:
 def raise_claim_floor(queue_id: int) -> bool:
     """Move queue ``queue_id``'s claim floor up as far as is safe; True when the floor row was written.
 
-    One transaction of its own (call it outside any): lock the floor row
-    without waiting (held by a writer lowering it, or by another raise: leave it),
-    read the facts of one snapshot, write the next floor (:func:`next_claim_floor`).
-    A queue without a floor row gets one at the start (which skips nothing).
-    Does nothing where the store keeps no floor.
+    One transaction of its own (call it outside any): read the floor and the
+    facts of one snapshot first, then lock the floor row without waiting (held
+    by a writer lowering it, or by another raise: leave it), which gives this
+    transaction its id only now, after that snapshot; write the next floor
+    (:func:`next_claim_floor`) unless the row changed in between. A queue
+    without a floor row gets one at the start (which skips nothing). Does
+    nothing where the store keeps no floor.
     """
     conn = db.connection()
     store = storage.for_connection(conn)
     if not store.supports_claim_floor:
         return False
     with db.write_atomic():
-        row = store.lock_claim_floor(conn, queue_id)
-        if row is None:
+        facts = store.claim_floor_facts(conn, queue_id)
+        if facts is None:
             store.create_claim_floor(conn, queue_id)
             return False
-        facts = store.claim_floor_facts(
-            conn, queue_id=queue_id, priority=row["priority"], seq=row["seq"], lease_from=row["lease_from"]
-        )
-        new = next_claim_floor(row, facts)
+        row = store.lock_claim_floor(conn, queue_id)
+        if row is None:
+            return False
+        xid = row.pop("xid")
+        if row != facts["row"]:  # lowered or raised since the snapshot: the next raise decides
+            return False
+        new = next_claim_floor(row, facts, xid)
         if new is None:
             return False
         store.write_claim_floor(conn, queue_id=queue_id, **new)
         return True
 
 
-def next_claim_floor(row: dict, facts: dict) -> dict | None:
-    """The floor to write after ``row`` (a locked floor row), given ``facts`` of one later snapshot; None: as it is.
+def next_claim_floor(row: dict, facts: dict, xid: int) -> dict | None:
+    """The floor to write after ``row`` (the locked floor row), given ``facts`` of a snapshot; None: as it is.
 
     ``facts`` as :meth:`~django_fq.storage.base.Store.claim_floor_facts` returns
-    them. The snapshot's candidate: the first queued job at the floor's priority
-    from its seq on (due or not: a delayed job becoming due writes nothing), or,
-    with none, one past every seq the snapshot sees; and the earliest lease
-    deadline from ``lease_from`` on, never past the statement's start. A
-    candidate is not used at once: a transaction in progress when it was read
-    may still commit a job below it (an enqueue's seq is taken inside its
-    transaction) or a lease below it. It waits as the pending value until the
-    oldest transaction in progress (``xmin``) is at or past the candidate
-    snapshot's ``xmax``; by then everything those transactions wrote is
-    visible, and the candidate is lowered to what this snapshot finds. Jobs
+    them; ``xid`` is the raising transaction's id, assigned after that
+    snapshot. The snapshot's candidate: the first queued job at the floor's
+    priority from its seq on (due or not: a delayed job becoming due writes
+    nothing), or, with none, one past every seq the snapshot sees; and the
+    earliest lease deadline from ``lease_from`` on, never past the
+    statement's start. A candidate is not used at once: a transaction in
+    progress at its snapshot may still commit a job below it (an enqueue takes
+    its seq inside its transaction, after its first lock) or a lease below it.
+    It waits as the pending value, with ``pend_xmax`` = ``xid``, until a later
+    snapshot's oldest transaction in progress (``xmin``) is past ``xid``: every
+    transaction older than the raise has ended, so what they wrote is
+    visible, and the candidate is lowered to what that snapshot finds. Jobs
     made queued with an old seq lower the floor and the pending value in
     their own transaction (:meth:`~django_fq.storage.base.Store.lower_claim_floors`).
     """
@@ -277,7 +284,7 @@ def next_claim_floor(row: dict, facts: dict) -> dict | None:
     seq, lease_from = row["seq"], row["lease_from"]
     pend_xmax = row["pend_xmax"]
     if pend_xmax is not None:
-        if facts["xmin"] < pend_xmax:
+        if facts["xmin"] <= pend_xmax:
             return None  # not ripe: keep waiting for the same transactions, not for newer ones
         seq = min(row["pend_seq"], cand_seq)
         lease_from = min(row["pend_lease_from"], cand_lease)
@@ -287,7 +294,7 @@ def next_claim_floor(row: dict, facts: dict) -> dict | None:
         "lease_from": lease_from,
         "pend_seq": cand_seq if pending else None,
         "pend_lease_from": cand_lease if pending else None,
-        "pend_xmax": facts["xmax"] if pending else None,
+        "pend_xmax": xid if pending else None,
     }
     if all(new[k] == row[k] for k in new):
         return None

@@ -565,10 +565,12 @@ class Store(abc.ABC):
     # --- the claim floor (only where supports_claim_floor) ----------------------------------
 
     def lock_claim_floor(self, conn: Any, queue_id: int) -> dict | None:
-        """In a transaction: queue ``queue_id``'s floor row locked ``FOR UPDATE SKIP LOCKED``, or None.
+        """In a transaction, after :meth:`claim_floor_facts`: the floor row locked without waiting, or None.
 
-        None when there is no row or another transaction holds it (a writer lowering it, or
-        another raise): the caller then leaves the floor alone. One round trip.
+        The row's columns plus ``xid``, this transaction's id (assigned now, so
+        after the facts' snapshot: every transaction in progress then has a
+        smaller one). None when another transaction holds the row (a writer
+        lowering it, or another raise): the caller leaves the floor alone. One round trip.
         """
         raise NotImplementedError
 
@@ -580,16 +582,17 @@ class Store(abc.ABC):
         """
         raise NotImplementedError
 
-    def claim_floor_facts(self, conn: Any, *, queue_id: int, priority: int, seq: int, lease_from: int) -> dict:
-        """What a raise of the floor needs, all from one snapshot (one round trip).
+    def claim_floor_facts(self, conn: Any, queue_id: int) -> dict | None:
+        """The floor row as one snapshot sees it, and what a raise needs from that snapshot (one round trip).
 
-        Returns ``xmin`` and ``xmax`` (the snapshot's transaction ids: the oldest
-        still in progress, the first not yet started), ``first_seq`` (the first
-        queued job of the queue at ``priority`` from ``seq`` on, due or not; None:
-        none), ``max_seq`` (the largest seq of any job this snapshot sees),
+        The first statement of the raise's transaction. None: no floor row.
+        Otherwise ``row`` (the row's columns), ``xmin`` (the oldest transaction
+        id in progress, this snapshot's), ``first_seq`` (the first queued job of
+        the queue at the floor's priority from its seq on, due or not; None:
+        none), ``max_seq`` (the largest seq of any job the snapshot sees),
         ``lease_min`` (the earliest lease deadline of the queue from
-        ``lease_from`` on; None: none) and ``started_ms`` (the statement's start,
-        database clock in epoch ms, taken before its snapshot).
+        ``lease_from`` on; None: none) and ``started_ms`` (the statement's
+        start, database clock in epoch ms, taken before its snapshot).
         """
         raise NotImplementedError
 

@@ -353,47 +353,62 @@ class PostgresStore(Store):
     # --- the claim floor (docs/explanation/storage.md#the-claim-floor) -------------------------
 
     def lock_claim_floor(self, conn: Any, queue_id: int) -> dict | None:
-        """One ``SELECT … FOR UPDATE SKIP LOCKED``: never waits, so a raise never holds up a writer's commit."""
+        """One ``SELECT … FOR UPDATE SKIP LOCKED``: never waits, so a raise never holds up a writer's commit.
+
+        ``xid`` is this transaction's id, assigned here, after the facts' snapshot
+        (``pg_current_xact_id()``; the lock would assign it anyway).
+        """
         with conn.cursor() as cur:
             cur.execute(
-                f"SELECT priority, seq, lease_from, pend_seq, pend_lease_from, pend_xmax FROM {FLOOR_TABLE} "
+                f"SELECT priority, seq, lease_from, pend_seq, pend_lease_from, pend_xmax, "
+                f"pg_current_xact_id()::text::bigint AS xid FROM {FLOOR_TABLE} "
                 f"WHERE queue_id = %s FOR UPDATE SKIP LOCKED",
                 [queue_id],
             )
             return (fetch_dicts(cur) or [None])[0]
 
     def create_claim_floor(self, conn: Any, queue_id: int) -> None:
-        """``INSERT … SELECT`` from the queue row (none: the queue is gone) ``ON CONFLICT DO NOTHING``."""
+        """``INSERT … SELECT`` from the queue row (none: the queue is gone), unless a floor row is there already."""
         with conn.cursor() as cur:
             cur.execute(
                 f"INSERT INTO {FLOOR_TABLE} (queue_id, priority, seq, lease_from) "
-                f"SELECT id, 0, 0, 0 FROM {QUEUE_TABLE} WHERE id = %s ON CONFLICT (queue_id) DO NOTHING",
-                [queue_id],
+                f"SELECT id, 0, 0, 0 FROM {QUEUE_TABLE} WHERE id = %s "
+                # A row another transaction holds (lock_claim_floor passed over it) is seen here and
+                # left alone: ON CONFLICT alone would wait for that transaction.
+                f"AND NOT EXISTS (SELECT 1 FROM {FLOOR_TABLE} WHERE queue_id = %s) ON CONFLICT (queue_id) DO NOTHING",
+                [queue_id, queue_id],
             )
 
-    def claim_floor_facts(self, conn: Any, *, queue_id: int, priority: int, seq: int, lease_from: int) -> dict:
-        """One ``SELECT``: ``pg_current_snapshot()`` is the statement's own snapshot, the one the subqueries read.
+    def claim_floor_facts(self, conn: Any, queue_id: int) -> dict | None:
+        """One ``SELECT``, the first of its transaction (so it assigns no transaction id).
 
-        ``started_ms`` is ``statement_timestamp()``, set before the snapshot is
-        taken (plus the test clock offset, as :func:`~django_fq.db.now_sql`).
+        ``pg_current_snapshot()`` is the statement's own snapshot, the one the
+        subqueries read; ``started_ms`` is ``statement_timestamp()``, set before
+        that snapshot is taken (plus the test clock offset, as :func:`~django_fq.db.now_sql`).
         """
         from .. import conf
 
         started = f"(FLOOR(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::bigint + {conf.clock_offset_ms():d})"
         with conn.cursor() as cur:
             cur.execute(
-                f"SELECT pg_snapshot_xmin(s.snap)::text::bigint, pg_snapshot_xmax(s.snap)::text::bigint, "
-                f"(SELECT seq FROM {JOB_TABLE} WHERE queue_id = %(q)s AND state = 'queued' AND priority = %(p)s "
-                f"AND seq >= %(s)s ORDER BY seq LIMIT 1), "
+                f"SELECT f.priority, f.seq, f.lease_from, f.pend_seq, f.pend_lease_from, f.pend_xmax, "
+                f"pg_snapshot_xmin(pg_current_snapshot())::text::bigint, "
+                f"(SELECT j.seq FROM {JOB_TABLE} j WHERE j.queue_id = f.queue_id AND j.state = 'queued' "
+                f"AND j.priority = f.priority AND j.seq >= f.seq ORDER BY j.seq LIMIT 1), "
                 f"(SELECT MAX(seq) FROM {JOB_TABLE}), "
-                f"(SELECT MIN(deadline) FROM {LEASE_TABLE} WHERE queue_id = %(q)s AND deadline >= %(lf)s), "
-                f"{started} FROM (SELECT pg_current_snapshot() AS snap) AS s",
-                {"q": queue_id, "p": priority, "s": seq, "lf": lease_from},
+                f"(SELECT MIN(l.deadline) FROM {LEASE_TABLE} l WHERE l.queue_id = f.queue_id "
+                f"AND l.deadline >= f.lease_from), {started} "
+                f"FROM {FLOOR_TABLE} f WHERE f.queue_id = %s",
+                [queue_id],
             )
-            xmin, xmax, first_seq, max_seq, lease_min, started_ms = cur.fetchone()
+            found = cur.fetchone()
+        if found is None:
+            return None
+        names = ("priority", "seq", "lease_from", "pend_seq", "pend_lease_from", "pend_xmax")
+        xmin, first_seq, max_seq, lease_min, started_ms = found[6:]
         return {
-            "xmin": int(xmin), "xmax": int(xmax), "first_seq": first_seq, "max_seq": max_seq,
-            "lease_min": lease_min, "started_ms": int(started_ms),
+            "row": dict(zip(names, found[:6], strict=True)), "xmin": int(xmin), "first_seq": first_seq,
+            "max_seq": max_seq, "lease_min": lease_min, "started_ms": int(started_ms),
         }  # fmt: skip
 
     def write_claim_floor(
