@@ -303,7 +303,7 @@ def next_claim_floor(row: dict, facts: dict, xid: int) -> dict | None:
 
 def _claim_statement(
     queue: str, count: int, visibility_ms: int | None, worker: str, after_reap: bool
-) -> tuple[list[ClaimedJob], tuple | None]:
+) -> tuple[list[ClaimedJob], tuple | None, int]:
     """Run the store's one-statement claim (:meth:`~django_fq.storage.base.Store.claim_statement`).
 
     Returns ``(jobs, None, queue_id)``, or ``([], (id, concurrency, visibility_ms, expired), queue_id)``

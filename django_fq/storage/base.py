@@ -873,7 +873,7 @@ class Store(abc.ABC):
         it to commit, and the leases it wrote are then seen (and deleted) by
         the next statement. Five round trips (six with a claim floor).
         """
-        tables = (JOB_TABLE, LEASE_TABLE, TOKEN_TABLE, COUNTER_TABLE)
+        tables: tuple[str, ...] = (JOB_TABLE, LEASE_TABLE, TOKEN_TABLE, COUNTER_TABLE)
         if self.supports_claim_floor:
             tables += (FLOOR_TABLE,)
         with conn.cursor() as cur:

@@ -365,7 +365,8 @@ class PostgresStore(Store):
                 f"WHERE queue_id = %s FOR UPDATE SKIP LOCKED",
                 [queue_id],
             )
-            return (fetch_dicts(cur) or [None])[0]
+            found = fetch_dicts(cur)
+            return found[0] if found else None
 
     def create_claim_floor(self, conn: Any, queue_id: int) -> None:
         """``INSERT … SELECT`` from the queue row (none: the queue is gone), unless a floor row is there already."""
