@@ -227,10 +227,11 @@ def _claimed(conn, queue_id: int, n: int) -> None:
 def raise_claim_floor(queue_id: int) -> bool:
     """Move queue ``queue_id``'s claim floor up as far as is safe; True when the floor row was written.
 
-    One transaction of its own (call it outside any): read the floor and the
-    facts of one snapshot first, then lock the floor row without waiting (held
-    by a writer lowering it, or by another raise: leave it), which gives this
-    transaction its id only now, after that snapshot; write the next floor
+    One transaction of its own (call it outside any): whether the pending
+    value is ripe (:meth:`~django_fq.storage.base.Store.claim_floor_ripe`),
+    then the floor and the facts of one snapshot, then lock the floor row
+    without waiting (held by a writer lowering it, or by another raise: leave
+    it), which gives this transaction its id only now, after that snapshot; write the next floor
     (:func:`next_claim_floor`) unless the row changed in between. A queue
     without a floor row gets one at the start (which skips nothing). Does
     nothing where the store keeps no floor.
@@ -240,17 +241,18 @@ def raise_claim_floor(queue_id: int) -> bool:
     if not store.supports_claim_floor:
         return False
     with db.write_atomic():
-        facts = store.claim_floor_facts(conn, queue_id)
-        if facts is None:
+        ripe = store.claim_floor_ripe(conn, queue_id)
+        facts = store.claim_floor_facts(conn, queue_id) if ripe is not None else None
+        if ripe is None or facts is None:
             store.create_claim_floor(conn, queue_id)
             return False
         row = store.lock_claim_floor(conn, queue_id)
         if row is None:
             return False
         xid = row.pop("xid")
-        if row != facts["row"]:  # lowered or raised since the snapshot: the next raise decides
+        if row != facts["row"] or row["pend_xmax"] != ripe[0]:  # changed meanwhile: the next raise decides
             return False
-        new = next_claim_floor(row, facts, xid)
+        new = next_claim_floor(row, {**facts, "ripe": ripe[1]}, xid)
         if new is None:
             return False
         store.write_claim_floor(conn, queue_id=queue_id, **new)
@@ -270,9 +272,10 @@ def next_claim_floor(row: dict, facts: dict, xid: int) -> dict | None:
     progress at its snapshot may still commit a job below it (an enqueue takes
     its seq inside its transaction, after its first lock) or a lease below it.
     It waits as the pending value, with ``pend_xmax`` = ``xid``, until a later
-    snapshot's oldest transaction in progress (``xmin``) is past ``xid``: every
-    transaction older than the raise has ended, so what they wrote is
-    visible, and the candidate is lowered to what that snapshot finds. Jobs
+    raise finds it ripe (``facts["ripe"]``: every transaction of this database
+    with an id at or below ``xid`` had ended before that raise's snapshot), so
+    what they wrote is visible there, and the candidate is lowered to what that
+    snapshot finds. Jobs
     made queued with an old seq lower the floor and the pending value in
     their own transaction (:meth:`~django_fq.storage.base.Store.lower_claim_floors`).
     """
@@ -284,8 +287,8 @@ def next_claim_floor(row: dict, facts: dict, xid: int) -> dict | None:
     seq, lease_from = row["seq"], row["lease_from"]
     pend_xmax = row["pend_xmax"]
     if pend_xmax is not None:
-        if facts["xmin"] <= pend_xmax:
-            return None  # not ripe: keep waiting for the same transactions, not for newer ones
+        if not facts["ripe"]:
+            return None  # keep waiting for the same transactions, not for newer ones
         seq = min(row["pend_seq"], cand_seq)
         lease_from = min(row["pend_lease_from"], cand_lease)
     pending = cand_seq > seq or cand_lease > lease_from

@@ -582,12 +582,21 @@ class Store(abc.ABC):
         """
         raise NotImplementedError
 
+    def claim_floor_ripe(self, conn: Any, queue_id: int) -> tuple[int | None, bool] | None:
+        """The floor row's ``pend_xmax`` and whether its pending value is ripe: every transaction of this
+        database whose id is at or below ``pend_xmax`` has ended (False without a pending value).
+
+        The first statement of a raise, read before :meth:`claim_floor_facts`
+        takes its snapshot, so what those transactions wrote is visible there.
+        None: no floor row. One round trip.
+        """
+        raise NotImplementedError
+
     def claim_floor_facts(self, conn: Any, queue_id: int) -> dict | None:
         """The floor row as one snapshot sees it, and what a raise needs from that snapshot (one round trip).
 
-        The first statement of the raise's transaction. None: no floor row.
-        Otherwise ``row`` (the row's columns), ``xmin`` (the oldest transaction
-        id in progress, this snapshot's), ``first_seq`` (the first queued job of
+        In the raise's transaction, before anything gives it a transaction id.
+        None: no floor row. Otherwise ``row`` (the row's columns), ``first_seq`` (the first queued job of
         the queue at the floor's priority from its seq on, due or not; None:
         none), ``max_seq`` (the largest seq of any job the snapshot sees),
         ``lease_min`` (the earliest lease deadline of the queue from

@@ -380,11 +380,42 @@ class PostgresStore(Store):
                 [queue_id, queue_id],
             )
 
-    def claim_floor_facts(self, conn: Any, queue_id: int) -> dict | None:
-        """One ``SELECT``, the first of its transaction (so it assigns no transaction id).
+    def claim_floor_ripe(self, conn: Any, queue_id: int) -> tuple[int | None, bool] | None:
+        """One ``SELECT``: the floor row's ``pend_xmax`` and whether every transaction of this database
+        with an id at or below it has ended (None: no floor row).
 
-        ``pg_current_snapshot()`` is the statement's own snapshot, the one the
-        subqueries read; ``started_ms`` is ``statement_timestamp()``, set before
+        Running transactions are read from ``pg_locks`` (each holds its own id's
+        lock until it ends; the view needs no privilege), their database from
+        ``pg_stat_activity`` (a backend found there in no database counts as this
+        one's), prepared ones from ``pg_prepared_xacts``. Ids are 32 bits there:
+        one is at or below ``pend_xmax`` when it is not less than 2³¹ ahead of
+        its low 32 bits (a running id is always within 2³¹ of any id of its time).
+        Other databases' transactions cannot write this database's rows, so they
+        are not waited for.
+        """
+        # How far id {x} is ahead of pend_xmax, modulo 2**32 (mod(): "%" is the driver's placeholder).
+        ahead = "mod(mod({x}::text::bigint - mod(f.pend_xmax, 4294967296), 4294967296) + 4294967296, 4294967296)"
+        older = f"({ahead} = 0 OR {ahead} >= 2147483648)"
+        with conn.cursor() as cur:
+            cur.execute(
+                f"SELECT f.pend_xmax, f.pend_xmax IS NOT NULL "
+                f"AND NOT EXISTS (SELECT 1 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+                f"WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted "
+                f"AND l.pid IS DISTINCT FROM pg_backend_pid() "
+                f"AND (a.datid IS NULL OR a.datid = (SELECT oid FROM pg_database WHERE datname = current_database())) "
+                f"AND {older.format(x='l.transactionid')}) "
+                f"AND NOT EXISTS (SELECT 1 FROM pg_prepared_xacts p WHERE p.database = current_database() "
+                f"AND {older.format(x='p.transaction')}) "
+                f"FROM {FLOOR_TABLE} f WHERE f.queue_id = %s",
+                [queue_id],
+            )
+            found = cur.fetchone()
+        return None if found is None else (found[0], bool(found[1]))
+
+    def claim_floor_facts(self, conn: Any, queue_id: int) -> dict | None:
+        """One ``SELECT`` that assigns no transaction id (nothing before it in the raise does either).
+
+        ``started_ms`` is ``statement_timestamp()``, set before
         that snapshot is taken (plus the test clock offset, as :func:`~django_fq.db.now_sql`).
         """
         from .. import conf
@@ -393,7 +424,6 @@ class PostgresStore(Store):
         with conn.cursor() as cur:
             cur.execute(
                 f"SELECT f.priority, f.seq, f.lease_from, f.pend_seq, f.pend_lease_from, f.pend_xmax, "
-                f"pg_snapshot_xmin(pg_current_snapshot())::text::bigint, "
                 f"(SELECT j.seq FROM {JOB_TABLE} j WHERE j.queue_id = f.queue_id AND j.state = 'queued' "
                 f"AND j.priority = f.priority AND j.seq >= f.seq ORDER BY j.seq LIMIT 1), "
                 f"(SELECT MAX(seq) FROM {JOB_TABLE}), "
@@ -406,9 +436,9 @@ class PostgresStore(Store):
         if found is None:
             return None
         names = ("priority", "seq", "lease_from", "pend_seq", "pend_lease_from", "pend_xmax")
-        xmin, first_seq, max_seq, lease_min, started_ms = found[6:]
+        first_seq, max_seq, lease_min, started_ms = found[6:]
         return {
-            "row": dict(zip(names, found[:6], strict=True)), "xmin": int(xmin), "first_seq": first_seq,
+            "row": dict(zip(names, found[:6], strict=True)), "first_seq": first_seq,
             "max_seq": max_seq, "lease_min": lease_min, "started_ms": int(started_ms),
         }  # fmt: skip
 

@@ -8,8 +8,8 @@ concurrent transactions where the edge is a race, and checks that claims
 still hand the jobs out in claim order. The floor exists only where the store
 keeps one (PostgreSQL): elsewhere the first test checks that nothing is written.
 
-Ripeness is cluster-wide on PostgreSQL (the oldest transaction in progress on
-the server), so the helpers poll with a deadline: another session's short
+Ripeness waits for every older transaction of the test database (other test
+sessions' too), so the helpers poll with a deadline: another session's short
 transaction may hold a raise back for a moment.
 """
 
@@ -362,9 +362,9 @@ def test_deleting_the_queue_deletes_its_floor(floor_queue):
 
 def test_next_claim_floor_waits_for_ripeness_and_lowers_by_what_it_finds():
     row = {"priority": 0, "seq": 10, "lease_from": 100, "pend_seq": 50, "pend_lease_from": 500, "pend_xmax": 1000}
-    facts = {"xmin": 1000, "first_seq": 60, "max_seq": 70, "lease_min": None, "started_ms": 900}
-    assert leases.next_claim_floor(row, facts, 1200) is None  # the raise that set the candidate may still run
-    facts["xmin"] = 1001
+    facts = {"ripe": False, "first_seq": 60, "max_seq": 70, "lease_min": None, "started_ms": 900}
+    assert leases.next_claim_floor(row, facts, 1200) is None  # a transaction older than the candidate may run
+    facts["ripe"] = True
     assert leases.next_claim_floor(row, facts, 1200) == {
         "seq": 50, "lease_from": 500, "pend_seq": 60, "pend_lease_from": 900, "pend_xmax": 1200,
     }  # fmt: skip
@@ -372,7 +372,7 @@ def test_next_claim_floor_waits_for_ripeness_and_lowers_by_what_it_finds():
     assert leases.next_claim_floor(row, facts, 1200) == {
         "seq": 40, "lease_from": 300, "pend_seq": None, "pend_lease_from": None, "pend_xmax": None,
     }  # fmt: skip
-    nothing_queued = {"xmin": 5, "first_seq": None, "max_seq": 70, "lease_min": None, "started_ms": 100}
+    nothing_queued = {"ripe": False, "first_seq": None, "max_seq": 70, "lease_min": None, "started_ms": 100}
     fresh = {"priority": 0, "seq": 0, "lease_from": 0, "pend_seq": None, "pend_lease_from": None, "pend_xmax": None}
     assert leases.next_claim_floor(fresh, nothing_queued, 6) == {
         "seq": 0, "lease_from": 0, "pend_seq": 71, "pend_lease_from": 100, "pend_xmax": 6,
