@@ -48,7 +48,9 @@ _ACKED_JSON = ACKED_JSON
 # The queue's claim floor (``fl``; none: priority 0 from seq 0, i.e. everything) bounds both
 # scans from below: the expired-lease check reads deadlines from ``lease_from`` on, and the
 # jobs are read in three bands that together are the whole claim order (above the floor's
-# priority, at it from its seq on, below it), each locking as the outer LIMIT pulls. The
+# priority, at it from its seq on, below it), each locking as the outer LIMIT pulls. The clock of
+# the lease check is read once (a subquery), so both ends of its deadline range bound the index scan:
+# the dead entries of acked leases, whose deadlines are still ahead, are not walked either. The
 # claim time (``c2``) is read after the job locks, so after this transaction has its id:
 # the floor's lease rule relies on it (docs/explanation/storage.md#the-claim-floor).
 _CLAIM_PG = """
@@ -58,8 +60,8 @@ fl AS (
     FROM {floor} f WHERE f.queue_id = (SELECT id FROM q0)),
 q AS (
     SELECT q0.id, q0.concurrency, q0.visibility_ms,
-        EXISTS (SELECT 1 FROM {lease} l WHERE l.queue_id = q0.id AND l.deadline >= fl.lf AND l.deadline <= {now})
-            AS expired
+        EXISTS (SELECT 1 FROM {lease} l
+            WHERE l.queue_id = q0.id AND l.deadline >= fl.lf AND l.deadline <= (SELECT {now})) AS expired
     FROM q0 CROSS JOIN fl),
 go AS (
     SELECT id, COALESCE(%(vis)s::bigint, visibility_ms) AS vis FROM q
@@ -518,6 +520,37 @@ class PostgresStore(Store):
                 f"generation = generation + 1, claimed_at = c.t, changed_at = c.t, worker = %s, {CLEAR_PROGRESS_SQL} "
                 f"FROM c WHERE seq IN ({marks}) RETURNING {returning}",
                 [worker, *seqs],
+            )
+            return fetch_dicts(cur)
+
+    def end_expired_leases(self, conn: Any, *, queue_id: int | None, limit: int) -> list[dict]:
+        """:meth:`Store.end_expired_leases` as one ``DELETE … WHERE job_id = ANY(ARRAY(…))``.
+
+        The array makes the locked, expired leases the driving side: as ``IN
+        (…)`` the planner, trusting a small table's statistics, read every entry
+        of the lease primary key and probed the subquery from there, which walks
+        all the dead entries a long-running snapshot keeps (1,052 buffers for
+        nothing to expire). The clock is read once, so ``deadline <= now`` bounds
+        the index scan; of one queue, the scan starts at its floor's ``lease_from``.
+        """
+        from .. import db
+
+        now = db.now_sql(conn)
+        where = "deadline <= (SELECT t FROM c)"
+        params: list[Any] = []
+        if queue_id is not None:
+            where = (
+                f"queue_id = %s AND deadline >= COALESCE((SELECT lease_from FROM {FLOOR_TABLE} WHERE queue_id = %s), 0) "
+                f"AND {where}"
+            )
+            params = [queue_id, queue_id]
+        with conn.cursor() as cur:
+            cur.execute(
+                f"WITH c AS (SELECT {now} AS t) DELETE FROM {LEASE_TABLE} WHERE job_id = ANY(ARRAY("
+                f"SELECT job_id FROM {LEASE_TABLE} WHERE {where} ORDER BY deadline LIMIT %s FOR UPDATE SKIP LOCKED)) "
+                f"RETURNING job_id, queue_id, generation, receipt_hash, claimed_at, deadline, timeout_at, worker, "
+                f"{now} AS now",
+                [*params, limit],
             )
             return fetch_dicts(cur)
 
