@@ -241,30 +241,29 @@ def raise_claim_floor(queue_id: int) -> bool:
     if not store.supports_claim_floor:
         return False
     with db.write_atomic():
+        # A lost raise (a crash before the log reaches disk) leaves the older, lower floor: safe.
+        db.relax_commit(conn)
         ripe = store.claim_floor_ripe(conn, queue_id)
         facts = store.claim_floor_facts(conn, queue_id) if ripe is not None else None
         if ripe is None or facts is None:
             store.create_claim_floor(conn, queue_id)
             return False
-        row = store.lock_claim_floor(conn, queue_id)
-        if row is None:
+        row = facts["row"]
+        if row["pend_xmax"] != ripe[0]:  # changed between the two reads: the next raise decides
             return False
-        xid = row.pop("xid")
-        if row != facts["row"] or row["pend_xmax"] != ripe[0]:  # changed meanwhile: the next raise decides
-            return False
-        new = next_claim_floor(row, {**facts, "ripe": ripe[1]}, xid)
+        new = next_claim_floor(row, {**facts, "ripe": ripe[1]})
         if new is None:
             return False
-        store.write_claim_floor(conn, queue_id=queue_id, **new)
-        return True
+        return store.write_claim_floor(conn, queue_id=queue_id, seen=row, new=new)
 
 
-def next_claim_floor(row: dict, facts: dict, xid: int) -> dict | None:
-    """The floor to write after ``row`` (the locked floor row), given ``facts`` of a snapshot; None: as it is.
+def next_claim_floor(row: dict, facts: dict) -> dict | None:
+    """The floor to write after ``row`` (the floor row), given ``facts`` of a snapshot; None: as it is.
 
     ``facts`` as :meth:`~django_fq.storage.base.Store.claim_floor_facts` returns
-    them; ``xid`` is the raising transaction's id, assigned after that
-    snapshot. The snapshot's candidate: the first queued job at the floor's
+    them, plus ``ripe``. The returned ``pending`` says whether the write sets
+    a pending value; its ``pend_xmax`` is then the raising transaction's id
+    ``xid``, assigned by that write, after the snapshot. The snapshot's candidate: the first queued job at the floor's
     priority from its seq on (due or not: a delayed job becoming due writes
     nothing), or, with none, one past every seq the snapshot sees; and the
     earliest lease deadline from ``lease_from`` on, never past the
@@ -297,9 +296,9 @@ def next_claim_floor(row: dict, facts: dict, xid: int) -> dict | None:
         "lease_from": lease_from,
         "pend_seq": cand_seq if pending else None,
         "pend_lease_from": cand_lease if pending else None,
-        "pend_xmax": xid if pending else None,
+        "pending": pending,
     }
-    if all(new[k] == row[k] for k in new):
+    if not pending and pend_xmax is None and seq == row["seq"] and lease_from == row["lease_from"]:
         return None
     return new
 

@@ -564,16 +564,6 @@ class Store(abc.ABC):
 
     # --- the claim floor (only where supports_claim_floor) ----------------------------------
 
-    def lock_claim_floor(self, conn: Any, queue_id: int) -> dict | None:
-        """In a transaction, after :meth:`claim_floor_facts`: the floor row locked without waiting, or None.
-
-        The row's columns plus ``xid``, this transaction's id (assigned now, so
-        after the facts' snapshot: every transaction in progress then has a
-        smaller one). None when another transaction holds the row (a writer
-        lowering it, or another raise): the caller leaves the floor alone. One round trip.
-        """
-        raise NotImplementedError
-
     def create_claim_floor(self, conn: Any, queue_id: int) -> None:
         """Insert queue ``queue_id``'s floor row at the start of everything (priority 0, seq 0, lease_from 0).
 
@@ -605,18 +595,16 @@ class Store(abc.ABC):
         """
         raise NotImplementedError
 
-    def write_claim_floor(
-        self,
-        conn: Any,
-        *,
-        queue_id: int,
-        seq: int,
-        lease_from: int,
-        pend_seq: int | None,
-        pend_lease_from: int | None,
-        pend_xmax: int | None,
-    ) -> None:
-        """Write the floor row the caller holds locked (:meth:`lock_claim_floor`). One round trip."""
+    def write_claim_floor(self, conn: Any, *, queue_id: int, seen: dict, new: dict) -> bool:
+        """Write ``new`` over queue ``queue_id``'s floor row if it is still as ``seen`` and no one holds it.
+
+        ``seen``: the row as :meth:`claim_floor_facts` read it. ``new``: ``seq``,
+        ``lease_from``, ``pend_seq``, ``pend_lease_from`` and ``pending``; with
+        ``pending``, ``pend_xmax`` becomes this transaction's id, assigned by this
+        write, so after the facts' snapshot: every transaction in progress then
+        has a smaller one. A row another transaction holds (a writer lowering it,
+        or another raise) or that changed is left as it is: False. One round trip.
+        """
         raise NotImplementedError
 
     def lower_claim_floors(self, conn: Any, jobs: Sequence[tuple[int, int, int]]) -> None:

@@ -354,29 +354,13 @@ class PostgresStore(Store):
 
     # --- the claim floor (docs/explanation/storage.md#the-claim-floor) -------------------------
 
-    def lock_claim_floor(self, conn: Any, queue_id: int) -> dict | None:
-        """One ``SELECT … FOR UPDATE SKIP LOCKED``: never waits, so a raise never holds up a writer's commit.
-
-        ``xid`` is this transaction's id, assigned here, after the facts' snapshot
-        (``pg_current_xact_id()``; the lock would assign it anyway).
-        """
-        with conn.cursor() as cur:
-            cur.execute(
-                f"SELECT priority, seq, lease_from, pend_seq, pend_lease_from, pend_xmax, "
-                f"pg_current_xact_id()::text::bigint AS xid FROM {FLOOR_TABLE} "
-                f"WHERE queue_id = %s FOR UPDATE SKIP LOCKED",
-                [queue_id],
-            )
-            found = fetch_dicts(cur)
-            return found[0] if found else None
-
     def create_claim_floor(self, conn: Any, queue_id: int) -> None:
         """``INSERT … SELECT`` from the queue row (none: the queue is gone), unless a floor row is there already."""
         with conn.cursor() as cur:
             cur.execute(
                 f"INSERT INTO {FLOOR_TABLE} (queue_id, priority, seq, lease_from) "
                 f"SELECT id, 0, 0, 0 FROM {QUEUE_TABLE} WHERE id = %s "
-                # A row another transaction holds (lock_claim_floor passed over it) is seen here and
+                # A row another transaction holds (the raise passed over it) is seen here and
                 # left alone: ON CONFLICT alone would wait for that transaction.
                 f"AND NOT EXISTS (SELECT 1 FROM {FLOOR_TABLE} WHERE queue_id = %s) ON CONFLICT (queue_id) DO NOTHING",
                 [queue_id, queue_id],
@@ -400,14 +384,17 @@ class PostgresStore(Store):
         older = f"({ahead} = 0 OR {ahead} >= 2147483648)"
         with conn.cursor() as cur:
             cur.execute(
-                f"SELECT f.pend_xmax, f.pend_xmax IS NOT NULL "
-                f"AND NOT EXISTS (SELECT 1 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+                # First the server's oldest transaction in progress (cheap): past pend_xmax, every older
+                # transaction has ended. Only otherwise the lock table (milliseconds on a busy server).
+                f"SELECT f.pend_xmax, f.pend_xmax IS NOT NULL AND CASE "
+                f"WHEN pg_snapshot_xmin(pg_current_snapshot())::text::bigint > f.pend_xmax THEN true ELSE "
+                f"NOT EXISTS (SELECT 1 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
                 f"WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted "
                 f"AND l.pid IS DISTINCT FROM pg_backend_pid() "
                 f"AND (a.datid IS NULL OR a.datid = (SELECT oid FROM pg_database WHERE datname = current_database())) "
                 f"AND {older.format(x='l.transactionid')}) "
                 f"AND NOT EXISTS (SELECT 1 FROM pg_prepared_xacts p WHERE p.database = current_database() "
-                f"AND {older.format(x='p.transaction')}) "
+                f"AND {older.format(x='p.transaction')}) END "
                 f"FROM {FLOOR_TABLE} f WHERE f.queue_id = %s",
                 [queue_id],
             )
@@ -444,23 +431,27 @@ class PostgresStore(Store):
             "max_seq": max_seq, "lease_min": lease_min, "started_ms": int(started_ms),
         }  # fmt: skip
 
-    def write_claim_floor(
-        self,
-        conn: Any,
-        *,
-        queue_id: int,
-        seq: int,
-        lease_from: int,
-        pend_seq: int | None,
-        pend_lease_from: int | None,
-        pend_xmax: int | None,
-    ) -> None:
+    def write_claim_floor(self, conn: Any, *, queue_id: int, seen: dict, new: dict) -> bool:
+        """One ``UPDATE`` of the row locked ``FOR UPDATE SKIP LOCKED`` in a subquery: never waits.
+
+        The ``UPDATE`` gives the transaction its id, after the facts' snapshot;
+        ``pend_xmax`` is that id (``pg_current_xact_id()``) when ``new`` has a
+        pending value.
+        """
+        cols = ("priority", "seq", "lease_from", "pend_seq", "pend_lease_from", "pend_xmax")
+        same = " AND ".join(f"{c} IS NOT DISTINCT FROM %s" for c in cols)
         with conn.cursor() as cur:
             cur.execute(
                 f"UPDATE {FLOOR_TABLE} SET seq = %s, lease_from = %s, pend_seq = %s, pend_lease_from = %s, "
-                f"pend_xmax = %s WHERE queue_id = %s",
-                [seq, lease_from, pend_seq, pend_lease_from, pend_xmax, queue_id],
+                f"pend_xmax = CASE WHEN %s THEN pg_current_xact_id()::text::bigint END "
+                f"WHERE queue_id = (SELECT queue_id FROM {FLOOR_TABLE} WHERE queue_id = %s AND {same} "
+                f"FOR UPDATE SKIP LOCKED)",
+                [
+                    new["seq"], new["lease_from"], new["pend_seq"], new["pend_lease_from"], new["pending"],
+                    queue_id, *(seen[c] for c in cols),
+                ],
             )
+            return cur.rowcount == 1
 
     def lower_claim_floors(self, conn: Any, jobs: Sequence[tuple[int, int, int]]) -> None:
         """One ``UPDATE … FROM unnest(…)`` that writes (and locks) only the floors it must lower.

@@ -363,17 +363,19 @@ def test_deleting_the_queue_deletes_its_floor(floor_queue):
 def test_next_claim_floor_waits_for_ripeness_and_lowers_by_what_it_finds():
     row = {"priority": 0, "seq": 10, "lease_from": 100, "pend_seq": 50, "pend_lease_from": 500, "pend_xmax": 1000}
     facts = {"ripe": False, "first_seq": 60, "max_seq": 70, "lease_min": None, "started_ms": 900}
-    assert leases.next_claim_floor(row, facts, 1200) is None  # a transaction older than the candidate may run
+    assert leases.next_claim_floor(row, facts) is None  # a transaction older than the candidate may run
     facts["ripe"] = True
-    assert leases.next_claim_floor(row, facts, 1200) == {
-        "seq": 50, "lease_from": 500, "pend_seq": 60, "pend_lease_from": 900, "pend_xmax": 1200,
+    assert leases.next_claim_floor(row, facts) == {
+        "seq": 50, "lease_from": 500, "pend_seq": 60, "pend_lease_from": 900, "pending": True,
     }  # fmt: skip
     facts["first_seq"], facts["lease_min"] = 40, 300  # committed below the candidate meanwhile
-    assert leases.next_claim_floor(row, facts, 1200) == {
-        "seq": 40, "lease_from": 300, "pend_seq": None, "pend_lease_from": None, "pend_xmax": None,
+    assert leases.next_claim_floor(row, facts) == {
+        "seq": 40, "lease_from": 300, "pend_seq": None, "pend_lease_from": None, "pending": False,
     }  # fmt: skip
     nothing_queued = {"ripe": False, "first_seq": None, "max_seq": 70, "lease_min": None, "started_ms": 100}
     fresh = {"priority": 0, "seq": 0, "lease_from": 0, "pend_seq": None, "pend_lease_from": None, "pend_xmax": None}
-    assert leases.next_claim_floor(fresh, nothing_queued, 6) == {
-        "seq": 0, "lease_from": 0, "pend_seq": 71, "pend_lease_from": 100, "pend_xmax": 6,
+    assert leases.next_claim_floor(fresh, nothing_queued) == {
+        "seq": 0, "lease_from": 0, "pend_seq": 71, "pend_lease_from": 100, "pending": True,
     }  # fmt: skip
+    settled = {**fresh, "seq": 71, "lease_from": 100}
+    assert leases.next_claim_floor(settled, {**nothing_queued, "first_seq": 71}) is None
