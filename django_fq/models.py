@@ -295,3 +295,32 @@ class QueueCounter(CounterFields):
 
     def __str__(self) -> str:
         return f"counter shard {self.pk} of queue {self.queue_id}"
+
+
+class ClaimFloor(models.Model):
+    """Where a queue's claims may start reading, kept only where the store has
+    :attr:`~django_fq.storage.base.Store.supports_claim_floor` (PostgreSQL).
+
+    ``seq``: no queued job of the queue with priority ``priority`` has a
+    sequence number below it (due or not), so a claim reads that priority from
+    ``seq`` on and every other priority whole. ``lease_from`` (epoch ms): no
+    lease of the queue has a deadline below it, so the expired-lease checks read
+    from there. Both only skip index entries of row versions a long-running
+    snapshot keeps; ``pend_*`` is the next value, taken from a snapshot whose
+    ``pend_xmax`` (transaction id) every transaction then in progress must have
+    finished before it is used (docs/explanation/storage.md#the-claim-floor).
+    """
+
+    queue = models.OneToOneField(Queue, on_delete=models.CASCADE, primary_key=True, related_name="+")
+    priority = models.IntegerField(default=0)
+    seq = models.BigIntegerField(default=0)
+    lease_from = models.BigIntegerField(default=0)
+    pend_seq = models.BigIntegerField(null=True, blank=True)
+    pend_lease_from = models.BigIntegerField(null=True, blank=True)
+    pend_xmax = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        db_table = "django_fq_claim_floor"
+
+    def __str__(self) -> str:
+        return f"claim floor of queue {self.queue_id}"

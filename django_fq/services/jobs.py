@@ -234,6 +234,8 @@ def retry(queue: str, job_id: str) -> JobInfo:
                 manager(Job).filter(seq=job.seq).update(
                     state="queued", attempts=0, run_at=db.DbNow(), changed_at=db.DbNow(), finished_at=None
                 )
+                # It keeps its sequence number, which the claim floor may have passed.
+                storage.for_connection(conn).lower_claim_floors(conn, [(q.id, job.priority, job.seq)])
         except IntegrityError:
             # refused=True: the holder exists in the newest commit, which a caller's older
             # snapshot may not show (the store then reads that commit).
@@ -264,6 +266,7 @@ def requeue(queue: str, job_id: str) -> JobInfo:
         job = _lock_job(q.id, queue, job_id)
         if job.state != "queued":
             raise InvalidState(f"only scheduled or ready jobs can be requeued; this job is {job.state}", field="job_id", state=job.state)
+        # Still queued: the claim floor never passes a queued job, due or not, so it needs no lowering.
         moved = manager(Job).filter(seq=job.seq, run_at__gt=db.DbNow()).update(run_at=db.DbNow(), changed_at=db.DbNow())
         if moved:
             db.notify(conn, queue)

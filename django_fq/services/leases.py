@@ -15,9 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+from django.db import DatabaseError
 
 from .. import db, payloads, receipts, storage, validation, wakeup
 from ..conf import CLAIM_PAYLOAD_CAP_BYTES
@@ -47,6 +50,16 @@ LONG_POLL_INTERVAL_S = 0.1
 CLAIM_REAP_BATCH = 100
 
 log = logging.getLogger("django_fq.services")
+
+#: Jobs one process claims from a queue between two raises of its claim floor (where the store
+#: keeps one). Each raise is one short transaction of three statements; under a long-running
+#: snapshot a claim walks the dead index entries of up to about twice this many jobs
+#: (docs/performance.md#claims-under-a-long-running-snapshot).
+FLOOR_RAISE_JOBS = 256
+
+_floor_lock = threading.Lock()
+#: (database alias, queue id) -> jobs claimed by this process since its last raise of that floor.
+_claimed_since_raise: dict[tuple[str, int], int] = {}
 
 #: Bytes an ack row adds to the statement besides its result: seq, receipt hash, settle digest, SQL text.
 _ACK_ROW_BYTES = 512
@@ -169,27 +182,133 @@ def _claim_round(queue: str, count: int, visibility_ms: int | None, worker: str)
             return []
         return db.retrying(_claim_once, queue_id, queue, count, visibility_ms or default_vis, worker, reap=expired)
     # The common case (no concurrency limit, nothing expired) is this one round trip.
-    jobs, facts = db.retrying(_claim_statement, queue, count, visibility_ms, worker, False, atomic=False)
+    jobs, facts, queue_id = db.retrying(_claim_statement, queue, count, visibility_ms, worker, False, atomic=False)
     if facts is None:
+        _claimed(conn, queue_id, len(jobs))
         return jobs
     queue_id, concurrency, default_vis, expired = facts
     vis = visibility_ms or default_vis
     if concurrency > 0:
-        return db.retrying(_claim_once, queue_id, queue, count, vis, worker, relaxed=db.relaxed_commit(conn))
+        jobs = db.retrying(_claim_once, queue_id, queue, count, vis, worker, relaxed=db.relaxed_commit(conn))
+        _claimed(conn, queue_id, len(jobs))
+        return jobs
     if expired:
         db.retrying(lambda: expire_leases(db.connection(), queue_id=queue_id, limit=CLAIM_REAP_BATCH))
-    jobs, facts = db.retrying(_claim_statement, queue, count, visibility_ms, worker, True, atomic=False)
+    jobs, facts, _ = db.retrying(_claim_statement, queue, count, visibility_ms, worker, True, atomic=False)
     if facts is not None:  # a concurrency limit was set meanwhile: next round
         return []
+    _claimed(conn, queue_id, len(jobs))
     return jobs
+
+
+def _claimed(conn, queue_id: int, n: int) -> None:
+    """Count ``n`` jobs claimed from ``queue_id``; every :data:`FLOOR_RAISE_JOBS` of them, raise its claim floor.
+
+    Only where the store keeps a floor, and never inside a caller's transaction
+    (the raise must commit on its own, at once). A raise that fails (the
+    database went away, a deadlock) is logged and left to the next one: the
+    floor only ever lags, which costs speed, never order.
+    """
+    if not n or not storage.for_connection(conn).supports_claim_floor or conn.in_atomic_block:
+        return
+    key = (conn.alias, queue_id)
+    with _floor_lock:
+        total = _claimed_since_raise.get(key, 0) + n
+        due = total >= FLOOR_RAISE_JOBS
+        _claimed_since_raise[key] = 0 if due else total
+    if not due:
+        return
+    try:
+        raise_claim_floor(queue_id)
+    except DatabaseError as exc:
+        log.warning("claim floor of queue id %s not raised: %s", queue_id, type(exc).__name__)
+
+
+def raise_claim_floor(queue_id: int) -> bool:
+    """Move queue ``queue_id``'s claim floor up as far as is safe; True when the floor row was written.
+
+    One transaction of its own (call it outside any): whether the pending
+    value is ripe (:meth:`~django_fq.storage.base.Store.claim_floor_ripe`),
+    then the floor and the facts of one snapshot, then lock the floor row
+    without waiting (held by a writer lowering it, or by another raise: leave
+    it), which gives this transaction its id only now, after that snapshot; write the next floor
+    (:func:`next_claim_floor`) unless the row changed in between. A queue
+    without a floor row gets one at the start (which skips nothing). Does
+    nothing where the store keeps no floor.
+    """
+    conn = db.connection()
+    store = storage.for_connection(conn)
+    if not store.supports_claim_floor:
+        return False
+    with db.write_atomic():
+        # A lost raise (a crash before the log reaches disk) leaves the older, lower floor: safe.
+        db.relax_commit(conn)
+        ripe = store.claim_floor_ripe(conn, queue_id)
+        facts = store.claim_floor_facts(conn, queue_id) if ripe is not None else None
+        if ripe is None or facts is None:
+            store.create_claim_floor(conn, queue_id)
+            return False
+        row = facts["row"]
+        if row["pend_xmax"] != ripe[0]:  # changed between the two reads: the next raise decides
+            return False
+        new = next_claim_floor(row, {**facts, "ripe": ripe[1]})
+        if new is None:
+            return False
+        return store.write_claim_floor(conn, queue_id=queue_id, seen=row, new=new)
+
+
+def next_claim_floor(row: dict, facts: dict) -> dict | None:
+    """The floor to write after ``row`` (the floor row), given ``facts`` of a snapshot; None: as it is.
+
+    ``facts`` as :meth:`~django_fq.storage.base.Store.claim_floor_facts` returns
+    them, plus ``ripe``. The returned ``pending`` says whether the write sets
+    a pending value; its ``pend_xmax`` is then the raising transaction's id
+    ``xid``, assigned by that write, after the snapshot. The snapshot's candidate: the first queued job at the floor's
+    priority from its seq on (due or not: a delayed job becoming due writes
+    nothing), or, with none, one past every seq the snapshot sees; and the
+    earliest lease deadline from ``lease_from`` on, never past the
+    statement's start. A candidate is not used at once: a transaction in
+    progress at its snapshot may still commit a job below it (an enqueue takes
+    its seq inside its transaction, after its first lock) or a lease below it.
+    It waits as the pending value, with ``pend_xmax`` = ``xid``, until a later
+    raise finds it ripe (``facts["ripe"]``: every transaction of this database
+    with an id at or below ``xid`` had ended before that raise's snapshot), so
+    what they wrote is visible there, and the candidate is lowered to what that
+    snapshot finds. Jobs
+    made queued with an old seq lower the floor and the pending value in
+    their own transaction (:meth:`~django_fq.storage.base.Store.lower_claim_floors`).
+    """
+    first = facts["first_seq"]
+    cand_seq = first if first is not None else max(row["seq"], (facts["max_seq"] or 0) + 1)
+    lease_min = facts["lease_min"]
+    started = facts["started_ms"]
+    cand_lease = started if lease_min is None else min(lease_min, started)
+    seq, lease_from = row["seq"], row["lease_from"]
+    pend_xmax = row["pend_xmax"]
+    if pend_xmax is not None:
+        if not facts["ripe"]:
+            return None  # keep waiting for the same transactions, not for newer ones
+        seq = min(row["pend_seq"], cand_seq)
+        lease_from = min(row["pend_lease_from"], cand_lease)
+    pending = cand_seq > seq or cand_lease > lease_from
+    new = {
+        "seq": seq,
+        "lease_from": lease_from,
+        "pend_seq": cand_seq if pending else None,
+        "pend_lease_from": cand_lease if pending else None,
+        "pending": pending,
+    }
+    if not pending and pend_xmax is None and seq == row["seq"] and lease_from == row["lease_from"]:
+        return None
+    return new
 
 
 def _claim_statement(
     queue: str, count: int, visibility_ms: int | None, worker: str, after_reap: bool
-) -> tuple[list[ClaimedJob], tuple | None]:
+) -> tuple[list[ClaimedJob], tuple | None, int]:
     """Run the store's one-statement claim (:meth:`~django_fq.storage.base.Store.claim_statement`).
 
-    Returns ``(jobs, None)``, or ``([], (id, concurrency, visibility_ms, expired))``
+    Returns ``(jobs, None, queue_id)``, or ``([], (id, concurrency, visibility_ms, expired), queue_id)``
     when the queue needs the slower path (a concurrency limit, or expired
     leases unless ``after_reap``). Raises :class:`QueueNotFound`.
     """
@@ -210,7 +329,7 @@ def _claim_statement(
         raise QueueNotFound(f"no such queue: {queue}", field="queue")
     queue_id, concurrency, default_vis, expired, vis = rows[0][:5]
     if vis is None:  # not claimed here: the caller takes the slower path
-        return [], (queue_id, concurrency, default_vis, expired)
+        return [], (queue_id, concurrency, default_vis, expired), queue_id
     rows = sorted((r[5:] for r in rows if r[5] is not None), key=lambda r: (-r[6], r[0]))
     if any(payloads.is_offloaded(r[2]) for r in rows):
         rows = _fill_bodies(conn, rows)
@@ -245,7 +364,7 @@ def _claim_statement(
                 metadata=None if meta is None else validation.stored_json(meta, "metadata"),
             )
         )
-    return jobs, None
+    return jobs, None, queue_id
 
 
 def _fill_bodies(conn, rows: list) -> list:
@@ -596,7 +715,7 @@ def release(queue: str, receipt: str, *, error: str | None = None, delay_ms: int
         run_at = now + (delay_ms or 0)
         _end_lease(conn, lease)
         history = () if history_on_server(conn) else ("errors",)
-        job = _fresh_job(conn, lease["job_id"], "attempts", *history, policy=False)
+        job = _fresh_job(conn, lease["job_id"], "attempts", "priority", *history, policy=False)
         outcome = {"state": "scheduled" if run_at > now else "ready", "run_at": run_at}
         manager(Job).filter(seq=lease["job_id"]).update(
             state="queued",
@@ -612,6 +731,7 @@ def release(queue: str, receipt: str, *, error: str | None = None, delay_ms: int
             settled_args=args,
             settled_outcome=outcome,
         )
+        storage.for_connection(conn).lower_claim_floors(conn, [(q.id, job.priority, lease["job_id"])])
         add_counters(conn, q.id, released=1)
         db.notify(conn, queue)
         return SettleResult(id=lease["uid"], **outcome)
@@ -825,17 +945,21 @@ def fail_attempt(
     permanent: bool = False,
     settled_op: str,
     settled_args: str | None = None,
+    requeued: list | None = None,
 ) -> dict:
     """Apply a failed attempt to a job whose lease was just ended by the caller.
 
     ``kind`` is ``nack``, ``expired`` or ``timeout``. The job becomes dead when
     ``permanent`` or out of attempts, else queued at ``base_ms`` + (``delay_ms``
     or the backoff). Records history, last error, settle data and counters.
+    A job queued again keeps its sequence number, so the queue's claim floor
+    comes down to it: here, or by the caller when it passes ``requeued`` (a
+    list this appends ``(queue_id, priority, seq)`` to, for one statement over a batch).
     Returns the outcome ``{"state", "run_at"}``.
     """
     # The history is not read where the store appends to it in the database.
     history = () if history_on_server(conn) else ("errors",)
-    job = _fresh_job(conn, lease["job_id"], "attempts", "max_attempts", *history)
+    job = _fresh_job(conn, lease["job_id"], "attempts", "max_attempts", "priority", *history)
     dead = permanent or job.attempts >= job.max_attempts
     now = lease["now"]
     entry = history_entry(now, job.attempts, kind, error, lease.get("worker", ""))
@@ -858,6 +982,12 @@ def fail_attempt(
     changes["settled_outcome"] = outcome
     changes["settled_args"] = settled_args
     manager(Job).filter(seq=lease["job_id"]).update(**changes)
+    if not dead:
+        lowered = (job.queue.id, job.priority, lease["job_id"])
+        if requeued is None:
+            storage.for_connection(conn).lower_claim_floors(conn, [lowered])
+        else:
+            requeued.append(lowered)
     totals = {"nack": "nacked", "expired": "expired", "timeout": "timed_out"}
     add_counters(conn, job.queue.id, **{totals[kind]: 1}, dead=int(dead), active=-int(dead))
     return outcome
@@ -874,16 +1004,19 @@ def expire_leases(conn, *, queue_id: int | None = None, limit: int = 1000) -> tu
     backoff counted from the lease deadline. Leases locked by a concurrent
     settle are skipped (that settle decides). Returns ``(expired, timed_out, dead)``.
     """
-    ended = storage.for_connection(conn).end_expired_leases(conn, queue_id=queue_id, limit=limit)
+    store = storage.for_connection(conn)
+    ended = store.end_expired_leases(conn, queue_id=queue_id, limit=limit)
     expired = timed_out = dead = 0
+    requeued: list = []
     for lease in ended:
         timeout = lease["timeout_at"] is not None and lease["deadline"] >= lease["timeout_at"]
         kind = "timeout" if timeout else "expired"
         error = "timeout: the job ran past its timeout_ms" if timeout else "lease expired without ack or nack"
         outcome = fail_attempt(
-            conn, lease, kind=kind, error=error, base_ms=lease["deadline"], settled_op="expire"
+            conn, lease, kind=kind, error=error, base_ms=lease["deadline"], settled_op="expire", requeued=requeued
         )
         timed_out += timeout
         expired += not timeout
         dead += outcome["state"] == "dead"
+    store.lower_claim_floors(conn, requeued)  # one statement for the batch, in its transaction
     return expired, timed_out, dead

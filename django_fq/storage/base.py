@@ -30,6 +30,8 @@ COUNTER_TABLE = "django_fq_counter"
 TOKEN_TABLE = "django_fq_token"
 #: Bodies of large payloads, kept out of the job row (``JobPayload``; docs/explanation/storage.md#large-payloads).
 PAYLOAD_TABLE = "django_fq_payload"
+#: The claim floor (:class:`~django_fq.models.ClaimFloor`), written only where :attr:`Store.supports_claim_floor`.
+FLOOR_TABLE = "django_fq_claim_floor"
 #: What a job row's ``payload`` column holds when its body is in :data:`PAYLOAD_TABLE`: no JSON
 #: text is empty, so the marker cannot be mistaken for a payload (``payload_size`` keeps the body's size).
 OFFLOADED = ""
@@ -147,6 +149,12 @@ class Store(abc.ABC):
     #: Without them the services take the general path: :meth:`Store.take_jobs`, :meth:`Store.lock_leases`.
     supports_one_statement_claim: ClassVar[bool]
     supports_one_statement_ack: ClassVar[bool]
+
+    #: A per-queue claim floor (:class:`~django_fq.models.ClaimFloor`) bounds the claim's job scan and
+    #: expired-lease check from below, so they skip the index entries of row versions a long-running
+    #: snapshot keeps (docs/explanation/storage.md#the-claim-floor). Where False, no floor row is ever
+    #: written and every scan reads the queue whole; the floor methods below are then never called.
+    supports_claim_floor: ClassVar[bool] = False
 
     #: The backend's name a backup records in its header (``"database"``): Django's vendor string.
     export_name: ClassVar[str]
@@ -543,7 +551,11 @@ class Store(abc.ABC):
 
         now = db.now_sql(conn)
         where = "queue_id = %s AND " if queue_id is not None else ""
-        params = [queue_id] if queue_id is not None else []
+        params: list[Any] = [queue_id] if queue_id is not None else []
+        if queue_id is not None and self.supports_claim_floor:
+            # No lease of the queue has a deadline below its floor's lease_from (the claim floor).
+            where += f"deadline >= COALESCE((SELECT lease_from FROM {FLOOR_TABLE} WHERE queue_id = %s), 0) AND "
+            params.append(queue_id)
         with conn.cursor() as cur:
             cur.execute(
                 f"DELETE FROM {LEASE_TABLE} WHERE job_id IN (SELECT job_id FROM {LEASE_TABLE} WHERE {where}"
@@ -552,6 +564,61 @@ class Store(abc.ABC):
                 [*params, limit],
             )
             return fetch_dicts(cur)
+
+    # --- the claim floor (only where supports_claim_floor) ----------------------------------
+
+    def create_claim_floor(self, conn: Any, queue_id: int) -> None:
+        """Insert queue ``queue_id``'s floor row at the start of everything (priority 0, seq 0, lease_from 0).
+
+        Such a floor skips nothing, so it is exact whatever is in progress; a
+        queue deleted meanwhile, or a row that exists already, is left as it is. One round trip.
+        """
+        raise NotImplementedError
+
+    def claim_floor_ripe(self, conn: Any, queue_id: int) -> tuple[int | None, bool] | None:
+        """The floor row's ``pend_xmax`` and whether its pending value is ripe: every transaction of this
+        database whose id is at or below ``pend_xmax`` has ended (False without a pending value).
+
+        The first statement of a raise, read before :meth:`claim_floor_facts`
+        takes its snapshot, so what those transactions wrote is visible there.
+        None: no floor row. One round trip.
+        """
+        raise NotImplementedError
+
+    def claim_floor_facts(self, conn: Any, queue_id: int) -> dict | None:
+        """The floor row as one snapshot sees it, and what a raise needs from that snapshot (one round trip).
+
+        In the raise's transaction, before anything gives it a transaction id.
+        None: no floor row. Otherwise ``row`` (the row's columns), ``first_seq`` (the first queued job of
+        the queue at the floor's priority from its seq on, due or not; None:
+        none), ``max_seq`` (the largest seq of any job the snapshot sees),
+        ``lease_min`` (the earliest lease deadline of the queue from
+        ``lease_from`` on; None: none) and ``started_ms`` (the statement's
+        start, database clock in epoch ms, taken before its snapshot).
+        """
+        raise NotImplementedError
+
+    def write_claim_floor(self, conn: Any, *, queue_id: int, seen: dict, new: dict) -> bool:
+        """Write ``new`` over queue ``queue_id``'s floor row if it is still as ``seen`` and no one holds it.
+
+        ``seen``: the row as :meth:`claim_floor_facts` read it. ``new``: ``seq``,
+        ``lease_from``, ``pend_seq``, ``pend_lease_from`` and ``pending``; with
+        ``pending``, ``pend_xmax`` becomes this transaction's id, assigned by this
+        write, so after the facts' snapshot: every transaction in progress then
+        has a smaller one. A row another transaction holds (a writer lowering it,
+        or another raise) or that changed is left as it is: False. One round trip.
+        """
+        raise NotImplementedError
+
+    def lower_claim_floors(self, conn: Any, jobs: Sequence[tuple[int, int, int]]) -> None:
+        """Lower the floors below jobs just made queued in this transaction: ``(queue_id, priority, seq)`` each.
+
+        Every writer that makes a job queued with the sequence number it had
+        (nack, expiry, release, retry) calls this in its own transaction, after the
+        job's update; a floor (or its pending value) above such a job at its
+        priority comes down to it. One round trip; nothing where the store keeps no floor.
+        """
+        return None
 
     def write_progress(
         self,
@@ -820,10 +887,13 @@ class Store(abc.ABC):
 
         Jobs first: a claim in flight holds some job rows, so this waits for
         it to commit, and the leases it wrote are then seen (and deleted) by
-        the next statement. Five round trips.
+        the next statement. Five round trips (six with a claim floor).
         """
+        tables: tuple[str, ...] = (JOB_TABLE, LEASE_TABLE, TOKEN_TABLE, COUNTER_TABLE)
+        if self.supports_claim_floor:
+            tables += (FLOOR_TABLE,)
         with conn.cursor() as cur:
-            for table in (JOB_TABLE, LEASE_TABLE, TOKEN_TABLE, COUNTER_TABLE):
+            for table in tables:
                 if table == JOB_TABLE:  # a body goes with its job (the rows are held: no claim reads it now)
                     self._delete_queue_bodies(cur, queue_id)
                 cur.execute(f"DELETE FROM {table} WHERE queue_id = %s", [queue_id])

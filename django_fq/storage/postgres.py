@@ -20,6 +20,7 @@ from .base import (
     ACKED_JSON,
     CLEAR_PROGRESS_SQL,
     COUNTER_TABLE,
+    FLOOR_TABLE,
     JOB_TABLE,
     LEASE_TABLE,
     QUEUE_TABLE,
@@ -45,28 +46,56 @@ _ACKED_JSON = ACKED_JSON
 # slower path when ``go`` was empty; no row at all: no such queue. A paused queue
 # picks nothing: the flag comes from the statement's own read of the queue row, so a
 # claim that starts after pause() committed takes no job.
+#
+# The queue's claim floor (``fl``; none: priority 0 from seq 0, i.e. everything) bounds both
+# scans from below: the expired-lease check reads deadlines from ``lease_from`` on, and the
+# jobs are read in three bands that together are the whole claim order (above the floor's
+# priority, at it from its seq on, below it), each locking as the outer LIMIT pulls. The clock of
+# the lease check is read once (a subquery), so both ends of its deadline range bound the index scan:
+# the dead entries of acked leases, whose deadlines are still ahead, are not walked either. The
+# claim time (``c2``) is read after the job locks, so after this transaction has its id:
+# the floor's lease rule relies on it (docs/explanation/storage.md#the-claim-floor).
 _CLAIM_PG = """
-WITH q AS (
-    SELECT id, concurrency, visibility_ms, paused,
-        EXISTS (SELECT 1 FROM {lease} l WHERE l.queue_id = {queue}.id AND l.deadline <= {now}) AS expired
-    FROM {queue} WHERE name = %(name)s),
+WITH q0 AS (SELECT id, concurrency, visibility_ms, paused FROM {queue} WHERE name = %(name)s),
+fl AS (
+    SELECT COALESCE(MAX(f.priority), 0) AS p, COALESCE(MAX(f.seq), 0) AS s, COALESCE(MAX(f.lease_from), 0) AS lf
+    FROM {floor} f WHERE f.queue_id = (SELECT id FROM q0)),
+q AS (
+    SELECT q0.id, q0.concurrency, q0.visibility_ms, q0.paused,
+        EXISTS (SELECT 1 FROM {lease} l
+            WHERE l.queue_id = q0.id AND l.deadline >= fl.lf AND l.deadline <= (SELECT {now})) AS expired
+    FROM q0 CROSS JOIN fl),
 go AS (
     SELECT id, COALESCE(%(vis)s::bigint, visibility_ms) AS vis FROM q
     WHERE concurrency = 0 AND (NOT expired OR %(after_reap)s::boolean)),
 c AS (SELECT {now} AS t{relax}),
 h AS (SELECT string_to_array(%(hashes)s, ',') AS a),
+gp AS (SELECT id FROM go WHERE NOT (SELECT paused FROM q)),
 picked AS (
-    SELECT seq, priority, payload_size FROM {job}
-    WHERE queue_id = (SELECT id FROM go) AND NOT (SELECT paused FROM q)
-        AND state = 'queued' AND run_at <= (SELECT t FROM c)
-    ORDER BY priority DESC, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED),
+    SELECT seq, priority, payload_size FROM (
+        SELECT * FROM (SELECT seq, priority, payload_size FROM {job}
+            WHERE queue_id = (SELECT id FROM gp) AND state = 'queued' AND run_at <= (SELECT t FROM c)
+                AND priority > (SELECT p FROM fl)
+            ORDER BY priority DESC, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED) AS above
+        UNION ALL
+        SELECT * FROM (SELECT seq, priority, payload_size FROM {job}
+            WHERE queue_id = (SELECT id FROM gp) AND state = 'queued' AND run_at <= (SELECT t FROM c)
+                AND priority = (SELECT p FROM fl) AND seq >= (SELECT s FROM fl)
+            ORDER BY seq LIMIT %(n)s FOR UPDATE SKIP LOCKED) AS at_floor
+        UNION ALL
+        SELECT * FROM (SELECT seq, priority, payload_size FROM {job}
+            WHERE queue_id = (SELECT id FROM gp) AND state = 'queued' AND run_at <= (SELECT t FROM c)
+                AND priority < (SELECT p FROM fl)
+            ORDER BY priority DESC, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED) AS below
+    ) AS bands LIMIT %(n)s),
 ranked AS (
     SELECT seq, ROW_NUMBER() OVER w AS rn, SUM(payload_size) OVER w AS cum
     FROM picked WINDOW w AS (ORDER BY priority DESC, seq ROWS UNBOUNDED PRECEDING)),
+c2 AS (SELECT {now} AS t FROM (SELECT COUNT(*) FROM picked) AS after_locks),
 taken AS (
     UPDATE {job} j SET state = 'running', attempts = j.attempts + 1, generation = j.generation + 1,
-        claimed_at = c.t, changed_at = c.t, worker = %(w)s, {clear}
-    FROM ranked, c WHERE j.seq = ranked.seq AND ranked.cum <= %(cap)s
+        claimed_at = c2.t, changed_at = c2.t, worker = %(w)s, {clear}
+    FROM ranked, c2 WHERE j.seq = ranked.seq AND ranked.cum <= %(cap)s
     RETURNING j.seq, j.uid, j.payload, j.generation, j.attempts, j.max_attempts, j.priority,
         j.enqueued_at, j.run_at, j.timeout_ms, j.claimed_at, ranked.rn, j.metadata),
 leases AS (
@@ -183,6 +212,7 @@ class PostgresStore(Store):
     supports_server_prepare = True
     supports_one_statement_claim = True
     supports_one_statement_ack = True
+    supports_claim_floor = True
     embedded = False
     export_name = vendor
     key_share_sql = " FOR KEY SHARE"
@@ -306,7 +336,10 @@ class PostgresStore(Store):
         # Autocommit: this statement is its own transaction, and set_config(..., true)
         # relaxes just that transaction's commit (see db.relaxed_commit).
         relax = " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed" if relaxed else ""
-        sql = _CLAIM_PG.format(now=db.now_sql(conn), clear=CLEAR_PROGRESS_SQL, relax=relax, queue=queue, job=job, lease=lease, counter=counter)
+        sql = _CLAIM_PG.format(
+            now=db.now_sql(conn), clear=CLEAR_PROGRESS_SQL, relax=relax, queue=queue, job=job, lease=lease,
+            counter=counter, floor=FLOOR_TABLE,
+        )
         with self.hot_cursor(conn) as cur:
             cur.execute(
                 sql,
@@ -321,6 +354,127 @@ class PostgresStore(Store):
                 },
             )
             return cur.fetchall()
+
+    # --- the claim floor (docs/explanation/storage.md#the-claim-floor) -------------------------
+
+    def create_claim_floor(self, conn: Any, queue_id: int) -> None:
+        """``INSERT … SELECT`` from the queue row (none: the queue is gone), unless a floor row is there already."""
+        with conn.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO {FLOOR_TABLE} (queue_id, priority, seq, lease_from) "
+                f"SELECT id, 0, 0, 0 FROM {QUEUE_TABLE} WHERE id = %s "
+                # A row another transaction holds (the raise passed over it) is seen here and
+                # left alone: ON CONFLICT alone would wait for that transaction.
+                f"AND NOT EXISTS (SELECT 1 FROM {FLOOR_TABLE} WHERE queue_id = %s) ON CONFLICT (queue_id) DO NOTHING",
+                [queue_id, queue_id],
+            )
+
+    def claim_floor_ripe(self, conn: Any, queue_id: int) -> tuple[int | None, bool] | None:
+        """One ``SELECT``: the floor row's ``pend_xmax`` and whether every transaction of this database
+        with an id at or below it has ended (None: no floor row).
+
+        Running transactions are read from ``pg_locks`` (each holds its own id's
+        lock until it ends; the view needs no privilege), their database from
+        ``pg_stat_activity`` (a backend found there in no database counts as this
+        one's), prepared ones from ``pg_prepared_xacts``. Ids are 32 bits there:
+        one is at or below ``pend_xmax`` when it is not less than 2³¹ ahead of
+        its low 32 bits (a running id is always within 2³¹ of any id of its time).
+        Other databases' transactions cannot write this database's rows, so they
+        are not waited for.
+        """
+        # How far id {x} is ahead of pend_xmax, modulo 2**32 (mod(): "%" is the driver's placeholder).
+        ahead = "mod(mod({x}::text::bigint - mod(f.pend_xmax, 4294967296), 4294967296) + 4294967296, 4294967296)"
+        older = f"({ahead} = 0 OR {ahead} >= 2147483648)"
+        with conn.cursor() as cur:
+            cur.execute(
+                # First the server's oldest transaction in progress (cheap): past pend_xmax, every older
+                # transaction has ended. Only otherwise the lock table (milliseconds on a busy server).
+                f"SELECT f.pend_xmax, f.pend_xmax IS NOT NULL AND CASE "
+                f"WHEN pg_snapshot_xmin(pg_current_snapshot())::text::bigint > f.pend_xmax THEN true ELSE "
+                f"NOT EXISTS (SELECT 1 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+                f"WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted "
+                f"AND l.pid IS DISTINCT FROM pg_backend_pid() "
+                f"AND (a.datid IS NULL OR a.datid = (SELECT oid FROM pg_database WHERE datname = current_database())) "
+                f"AND {older.format(x='l.transactionid')}) "
+                f"AND NOT EXISTS (SELECT 1 FROM pg_prepared_xacts p WHERE p.database = current_database() "
+                f"AND {older.format(x='p.transaction')}) END "
+                f"FROM {FLOOR_TABLE} f WHERE f.queue_id = %s",
+                [queue_id],
+            )
+            found = cur.fetchone()
+        return None if found is None else (found[0], bool(found[1]))
+
+    def claim_floor_facts(self, conn: Any, queue_id: int) -> dict | None:
+        """One ``SELECT`` that assigns no transaction id (nothing before it in the raise does either).
+
+        ``started_ms`` is ``statement_timestamp()``, set before
+        that snapshot is taken (plus the test clock offset, as :func:`~django_fq.db.now_sql`).
+        """
+        from .. import conf
+
+        started = f"(FLOOR(EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::bigint + {conf.clock_offset_ms():d})"
+        with conn.cursor() as cur:
+            cur.execute(
+                f"SELECT f.priority, f.seq, f.lease_from, f.pend_seq, f.pend_lease_from, f.pend_xmax, "
+                f"(SELECT j.seq FROM {JOB_TABLE} j WHERE j.queue_id = f.queue_id AND j.state = 'queued' "
+                f"AND j.priority = f.priority AND j.seq >= f.seq ORDER BY j.seq LIMIT 1), "
+                f"(SELECT MAX(seq) FROM {JOB_TABLE}), "
+                f"(SELECT MIN(l.deadline) FROM {LEASE_TABLE} l WHERE l.queue_id = f.queue_id "
+                f"AND l.deadline >= f.lease_from), {started} "
+                f"FROM {FLOOR_TABLE} f WHERE f.queue_id = %s",
+                [queue_id],
+            )
+            found = cur.fetchone()
+        if found is None:
+            return None
+        names = ("priority", "seq", "lease_from", "pend_seq", "pend_lease_from", "pend_xmax")
+        first_seq, max_seq, lease_min, started_ms = found[6:]
+        return {
+            "row": dict(zip(names, found[:6], strict=True)), "first_seq": first_seq,
+            "max_seq": max_seq, "lease_min": lease_min, "started_ms": int(started_ms),
+        }  # fmt: skip
+
+    def write_claim_floor(self, conn: Any, *, queue_id: int, seen: dict, new: dict) -> bool:
+        """One ``UPDATE`` of the row locked ``FOR UPDATE SKIP LOCKED`` in a subquery: never waits.
+
+        The ``UPDATE`` gives the transaction its id, after the facts' snapshot;
+        ``pend_xmax`` is that id (``pg_current_xact_id()``) when ``new`` has a
+        pending value.
+        """
+        cols = ("priority", "seq", "lease_from", "pend_seq", "pend_lease_from", "pend_xmax")
+        same = " AND ".join(f"{c} IS NOT DISTINCT FROM %s" for c in cols)
+        with conn.cursor() as cur:
+            cur.execute(
+                f"UPDATE {FLOOR_TABLE} SET seq = %s, lease_from = %s, pend_seq = %s, pend_lease_from = %s, "
+                f"pend_xmax = CASE WHEN %s THEN pg_current_xact_id()::text::bigint END "
+                f"WHERE queue_id = (SELECT queue_id FROM {FLOOR_TABLE} WHERE queue_id = %s AND {same} "
+                f"FOR UPDATE SKIP LOCKED)",
+                [
+                    new["seq"], new["lease_from"], new["pend_seq"], new["pend_lease_from"], new["pending"],
+                    queue_id, *(seen[c] for c in cols),
+                ],
+            )
+            return cur.rowcount == 1
+
+    def lower_claim_floors(self, conn: Any, jobs: Sequence[tuple[int, int, int]]) -> None:
+        """One ``UPDATE … FROM unnest(…)`` that writes (and locks) only the floors it must lower.
+
+        A floor already at or below every job writes nothing, so the common nack
+        leaves no row version behind; one it lowers stays locked until commit,
+        which a raise (``SKIP LOCKED``) then passes over.
+        """
+        if not jobs:
+            return
+        with conn.cursor() as cur:
+            cur.execute(
+                f"UPDATE {FLOOR_TABLE} f SET seq = LEAST(f.seq, v.seq), "
+                f"pend_seq = CASE WHEN f.pend_seq > v.seq THEN v.seq ELSE f.pend_seq END "
+                f"FROM (SELECT queue_id, priority, MIN(seq) AS seq "
+                f"FROM unnest(%s::bigint[], %s::integer[], %s::bigint[]) AS u(queue_id, priority, seq) "
+                f"GROUP BY queue_id, priority) AS v "
+                f"WHERE f.queue_id = v.queue_id AND f.priority = v.priority AND (f.seq > v.seq OR f.pend_seq > v.seq)",
+                [[j[0] for j in jobs], [j[1] for j in jobs], [j[2] for j in jobs]],
+            )
 
     def take_jobs(self, conn: Any, *, queue_id: int, count: int, concurrency: int, worker: str, cap: int) -> list[dict]:
         """Up to four round trips: the limit re-read under ``FOR NO KEY UPDATE`` and the live leases counted
@@ -365,6 +519,37 @@ class PostgresStore(Store):
                 f"generation = generation + 1, claimed_at = c.t, changed_at = c.t, worker = %s, {CLEAR_PROGRESS_SQL} "
                 f"FROM c WHERE seq IN ({marks}) RETURNING {returning}",
                 [worker, *seqs],
+            )
+            return fetch_dicts(cur)
+
+    def end_expired_leases(self, conn: Any, *, queue_id: int | None, limit: int) -> list[dict]:
+        """:meth:`Store.end_expired_leases` as one ``DELETE … WHERE job_id = ANY(ARRAY(…))``.
+
+        The array makes the locked, expired leases the driving side: as ``IN
+        (…)`` the planner, trusting a small table's statistics, read every entry
+        of the lease primary key and probed the subquery from there, which walks
+        all the dead entries a long-running snapshot keeps (1,052 buffers for
+        nothing to expire). The clock is read once, so ``deadline <= now`` bounds
+        the index scan; of one queue, the scan starts at its floor's ``lease_from``.
+        """
+        from .. import db
+
+        now = db.now_sql(conn)
+        where = "deadline <= (SELECT t FROM c)"
+        params: list[Any] = []
+        if queue_id is not None:
+            where = (
+                f"queue_id = %s AND deadline >= COALESCE((SELECT lease_from FROM {FLOOR_TABLE} WHERE queue_id = %s), 0) "
+                f"AND {where}"
+            )
+            params = [queue_id, queue_id]
+        with conn.cursor() as cur:
+            cur.execute(
+                f"WITH c AS (SELECT {now} AS t) DELETE FROM {LEASE_TABLE} WHERE job_id = ANY(ARRAY("
+                f"SELECT job_id FROM {LEASE_TABLE} WHERE {where} ORDER BY deadline LIMIT %s FOR UPDATE SKIP LOCKED)) "
+                f"RETURNING job_id, queue_id, generation, receipt_hash, claimed_at, deadline, timeout_at, worker, "
+                f"{now} AS now",
+                [*params, limit],
             )
             return fetch_dicts(cur)
 
