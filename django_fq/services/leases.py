@@ -157,6 +157,8 @@ def _claim_round(queue: str, count: int, visibility_ms: int | None, worker: str)
     """One attempt at claiming: expiry handling for the queue first, then the claim itself."""
     conn = db.connection()
     store = storage.for_connection(conn)
+    if conn.in_atomic_block and store.paused_past_snapshot(conn, queue):
+        return []  # a caller's snapshot predates a pause the claim's SQL would not see (§9 "Pause")
     if not store.supports_one_statement_claim:
         facts = store.claim_facts(conn, queue)
         if facts is None:

@@ -445,6 +445,22 @@ class Store(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__}: no one-statement claim")
 
+    def paused_past_snapshot(self, conn: Any, queue_name: str) -> bool:
+        """True when queue ``queue_name`` is paused by a commit the claim's own SQL would not see.
+
+        That is a caller's transaction reading an older snapshot than the
+        newest commit, where the claim's statements read the queue row as of
+        that snapshot (docs/reference/semantics.md §9 "Pause": no claim that
+        starts after ``pause()`` returned hands out a job). Here: False, no
+        round trip, because the claim's own SQL reads the flag as of the
+        newest commit (SQLite: one writer, whose write lock a pause waits for;
+        MariaDB/MySQL: :meth:`take_jobs` reads it with a locking read in a
+        caller's transaction). Raises what the database raises for a locking
+        read of a row changed since the snapshot (PostgreSQL: a serialization
+        failure).
+        """
+        return False
+
     def claim_facts(self, conn: Any, queue_name: str) -> tuple | None:
         """What a claim of queue ``queue_name`` would meet, read in one statement before its transaction.
 
