@@ -322,3 +322,62 @@ def test_ack_many_across_runs_settles_each_job_once_and_judges_the_rest(monkeypa
     stats = fq.stats(Q)
     assert stats.totals["acked"] == 5 and stats.counts["running"] == 1 and stats.counts["succeeded"] == 5
 
+
+# --- export and import of a paused queue -------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_paused_queue_restored_from_its_backup_is_still_paused():
+    """A backup taken while a queue is paused (a downstream service down, say) restored into an empty
+    database made the queue run again: the queue line had no pause, and the workers took its jobs."""
+    import io
+
+    from django_fq import backup
+
+    fq.configure(Q)
+    job_id = fq.enqueue(Q, {"n": 1}).id
+    at = fq.pause(Q).paused_at
+    out = io.StringIO()
+    backup.export_jsonl(out, [Q])
+    fq.delete_queue(Q)
+    backup.import_jsonl(io.StringIO(out.getvalue()))
+    stats = fq.stats(Q)
+    assert (stats.paused, stats.paused_at) == (True, at)
+    assert fq.claim(Q) == [], "the restored queue hands out jobs although it was paused"
+    fq.resume(Q)
+    assert [j.id for j in fq.claim(Q)] == [job_id]
+
+
+@pytest.mark.django_db
+def test_an_import_keeps_the_pause_of_an_existing_queue_and_refuses_a_bad_pause_by_field():
+    import io
+    import json
+
+    from django_fq import backup
+    from django_fq.exceptions import InvalidBackup
+
+    fq.configure(Q)
+    out = io.StringIO()
+    backup.export_jsonl(out, [Q])
+    header, queue_line = out.getvalue().splitlines()[:2]
+    assert json.loads(queue_line)["paused"] is False and json.loads(queue_line)["paused_at"] is None
+    fq.pause(Q)
+    backup.import_jsonl(io.StringIO(out.getvalue()))  # the queue exists: it keeps its own pause
+    assert fq.stats(Q).paused is True
+
+    base = json.loads(queue_line)
+    base["name"] = "atk-pause-new"
+    for changes, field in (({"paused": "yes"}, "paused"), ({"paused": False, "paused_at": 5}, "paused_at"),
+                           ({"paused": True, "paused_at": -1}, "paused_at")):  # fmt: skip
+        text = "\n".join([header, json.dumps({**base, **changes})]) + "\n"
+        with pytest.raises(InvalidBackup) as info:
+            backup.import_jsonl(io.StringIO(text))
+        assert (info.value.line, info.value.field) == (2, field)
+    # An older file without the keys restores a running queue; paused without an instant: now.
+    old = {k: v for k, v in base.items() if k not in ("paused", "paused_at")}
+    backup.import_jsonl(io.StringIO("\n".join([header, json.dumps(old)]) + "\n"))
+    assert fq.stats("atk-pause-new").paused is False
+    fq.delete_queue("atk-pause-new")
+    backup.import_jsonl(io.StringIO("\n".join([header, json.dumps({**old, "paused": True})]) + "\n"))
+    stats = fq.stats("atk-pause-new")
+    assert stats.paused is True and stats.paused_at is not None
