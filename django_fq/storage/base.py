@@ -155,6 +155,9 @@ class Store(abc.ABC):
     key_share_sql: ClassVar[str]
     #: SQL appended to a ``SELECT`` to lock its rows, passing over rows others hold (or ``""``).
     skip_locked_sql: ClassVar[str]
+    #: SQL appended to a one-row ``SELECT`` of a row this transaction updates next (or ``""``
+    #: where a write transaction already holds the database's one write lock).
+    update_lock_sql: ClassVar[str] = " FOR UPDATE"
 
     #: SQL for the database clock in whole epoch milliseconds (a bigint), without the test offset
     #: :func:`django_fq.db.now_sql` adds. Code-written text only.
@@ -632,6 +635,19 @@ class Store(abc.ABC):
         with conn.cursor() as cur:
             cur.execute(f"SELECT COUNT(*) FROM {QUEUE_TABLE}")
             return int(cur.fetchone()[0])
+
+    def lock_pause_state(self, conn: Any, queue_id: int) -> tuple[bool, int | None] | None:
+        """Inside a write transaction: ``(paused, paused_at)`` of queue ``queue_id``, the row locked until commit.
+
+        One round trip. The values are the newest commit's, and no other
+        pause, resume or configure can change them before this transaction
+        ends, so what :func:`~django_fq.services.pause` answers is what holds
+        when it returns. ``None``: the queue is gone.
+        """
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT paused, paused_at FROM {QUEUE_TABLE} WHERE id = %s{self.update_lock_sql}", [queue_id])
+            row = cur.fetchone()
+        return None if row is None else (bool(row[0]), row[1])
 
     def set_paused(self, conn: Any, *, now: str, queue_id: int, paused: bool) -> bool:
         """Pause (``paused`` True) or resume queue ``queue_id``; one round trip. False: it already was so.

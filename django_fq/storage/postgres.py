@@ -187,6 +187,7 @@ class PostgresStore(Store):
     export_name = vendor
     key_share_sql = " FOR KEY SHARE"
     skip_locked_sql = " FOR UPDATE SKIP LOCKED"
+    update_lock_sql = " FOR NO KEY UPDATE"  # enqueues' FOR KEY SHARE passes
     clock_sql = NOW_SQL
 
     def greatest_sql(self, a: str, b: str) -> str:
