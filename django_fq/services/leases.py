@@ -80,6 +80,12 @@ def claim(
     payload sizes stay within 32 MiB (at least one job if any is eligible).
     Expired leases of this queue are handled first.
 
+    A paused queue hands out no job (docs/reference/semantics.md §9 "Pause"). In
+    a caller's REPEATABLE READ or SERIALIZABLE transaction on PostgreSQL whose
+    snapshot predates a pause (or another change of the queue row), the claim
+    raises the database's serialization failure (SQLSTATE 40001) instead:
+    retry the transaction.
+
     Raises :class:`InvalidQueueName`, :class:`QueueNotFound`,
     :class:`CountOutOfRange`, :class:`VisibilityOutOfRange`, :class:`InvalidArgument`.
     """
