@@ -10,7 +10,11 @@ ASCII only, with ``\\u`` escapes):
 
 ``{"type": "queue", "name", "created_at", "policy": {the seven policy fields},
 "totals": {enqueued, deduplicated, claimed, ..., wait_ms_sum, wait_count,
-run_ms_sum, run_count}}``
+run_ms_sum, run_count}, "paused", "paused_at"}`` — ``paused`` true while the
+queue was paused (docs/reference/semantics.md §9 "Pause"), ``paused_at`` its
+epoch ms, null while it ran; both absent in files of earlier exports (a
+running queue). They came in 0.1.0 before any release, so the format stays
+version 1.
 
 ``{"type": "job", "queue", "id", "state", "priority", "run_at",
 "enqueued_at", "changed_at", "claimed_at", "finished_at", "attempts",
@@ -38,8 +42,10 @@ every line before it is used: a bad line raises :class:`InvalidBackup`
 naming the line and the field, and nothing at all is changed. It is
 idempotent: queues are keyed by name, jobs by id, tokens by (queue, token),
 and what already exists is skipped, never overwritten. A queue the import
-creates gets the policy, creation time and totals of the file; a queue that
-already exists keeps its own policy and totals. Either way the queue-full
+creates gets the policy, creation time, totals and pause of the file (a queue
+paused when exported is paused when restored, so no claim takes its jobs
+until it is resumed); a queue that already exists keeps its own policy,
+totals and pause. Either way the queue-full
 counters (active jobs, token rows) grow by exactly the rows inserted, so the
 queue-full checks and ``stats`` agree with the tables afterwards.
 
@@ -119,7 +125,7 @@ _TOTALS = TOTAL_NAMES + TIMING_NAMES
 _EXPORTED_STATES = ("scheduled", "ready", "succeeded", "dead", "cancelled")
 
 _HEADER_KEYS = frozenset({"format", "version", "exported_at", "database"})
-_QUEUE_KEYS = frozenset({"type", "name", "created_at", "policy", "totals"})
+_QUEUE_KEYS = frozenset({"type", "name", "created_at", "policy", "totals", "paused", "paused_at"})
 _JOB_KEYS = frozenset(
     {
         "type", "queue", "id", "state", "priority", "run_at", "enqueued_at", "changed_at", "claimed_at",
@@ -203,6 +209,8 @@ def export_jsonl(out: IO[str], queues: Sequence[str] | None = None, *, progress=
                     "created_at": q.created_at,
                     "policy": {f: getattr(q, f) for f in _POLICY_FIELDS},
                     "totals": {n: sums[n] for n in _TOTALS},
+                    "paused": bool(q.paused),
+                    "paused_at": q.paused_at if q.paused else None,
                 },
             )
             _tick(progress)
@@ -690,6 +698,14 @@ class _Importer:
             if t in totals_raw
         }
         created_at = line.integer("created_at", 0, _SAFE, default=None)
+        paused = line.get("paused", default=False)
+        if paused is None:
+            paused = False
+        if not isinstance(paused, bool):
+            raise line.error(f"must be true or false, not {_kind(paused)}", "paused")
+        paused_at = line.integer("paused_at", 0, _SAFE, default=None)
+        if paused_at is not None and not paused:
+            raise line.error("must be null unless paused is true", "paused_at")
 
         conn = db.connection()
         existing = _find_queue(name)
@@ -698,8 +714,12 @@ class _Importer:
             try:
                 with transaction.atomic(using=conn.alias):
                     check_room_for_a_queue(conn, name)  # FQ_MAX_QUEUES, as every other way of creating one
+                    pause = {"paused": True, "paused_at": paused_at if paused_at is not None else db.DbNow()}
                     q = manager(Queue).create(
-                        name=name, created_at=created_at if created_at is not None else db.DbNow(), **merged
+                        name=name,
+                        created_at=created_at if created_at is not None else db.DbNow(),
+                        **(pause if paused else {}),
+                        **merged,
                     )
                 existing, created = q.id, True
             except IntegrityError:  # created concurrently: it is an existing queue now

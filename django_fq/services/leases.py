@@ -93,6 +93,12 @@ def claim(
     payload sizes stay within 32 MiB (at least one job if any is eligible).
     Expired leases of this queue are handled first.
 
+    A paused queue hands out no job (docs/reference/semantics.md §9 "Pause"). In
+    a caller's REPEATABLE READ or SERIALIZABLE transaction on PostgreSQL whose
+    snapshot predates a pause (or another change of the queue row), the claim
+    raises the database's serialization failure (SQLSTATE 40001) instead:
+    retry the transaction.
+
     Raises :class:`InvalidQueueName`, :class:`QueueNotFound`,
     :class:`CountOutOfRange`, :class:`VisibilityOutOfRange`, :class:`InvalidArgument`.
     """
@@ -170,6 +176,8 @@ def _claim_round(queue: str, count: int, visibility_ms: int | None, worker: str)
     """One attempt at claiming: expiry handling for the queue first, then the claim itself."""
     conn = db.connection()
     store = storage.for_connection(conn)
+    if conn.in_atomic_block and store.paused_past_snapshot(conn, queue):
+        return []  # a caller's snapshot predates a pause the claim's SQL would not see (§9 "Pause")
     if not store.supports_one_statement_claim:
         facts = store.claim_facts(conn, queue)
         if facts is None:

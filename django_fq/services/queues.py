@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import db, storage, validation
-from ..exceptions import InvalidPolicy
+from ..exceptions import InvalidPolicy, QueueNotFound
 from ..types import STATE_NAMES, PauseResult, QueueInfo, QueuePolicy
 from ._base import (
     JOB,
@@ -136,13 +136,21 @@ def resume(queue: str) -> PauseResult:
 def _set_paused(queue: str, paused: bool) -> PauseResult:
     def apply():
         conn = db.connection()
+        store = storage.for_connection(conn)
         q = get_queue(queue)
-        changed = storage.for_connection(conn).set_paused(conn, now=db.now_sql(conn), queue_id=q.id, paused=paused)
-        if changed and not paused:
+        # The row locked first: the flag read here is the newest commit's and holds until this
+        # commits, so a pause that lost a race to another pause still answers paused.
+        state = store.lock_pause_state(conn, q.id)
+        if state is None:
+            raise QueueNotFound(f"no such queue: {queue}", field="queue")
+        if state[0] == paused:
+            return PauseResult(queue=queue, paused=paused, paused_at=state[1], changed=False)
+        store.set_paused(conn, now=db.now_sql(conn), queue_id=q.id, paused=paused)
+        if not paused:
             db.notify(conn, queue)  # at commit, as an enqueue's: idle claimers look again at once
-        if changed:
-            q = get_queue(queue)  # paused_at as the database stamped it
-        return PauseResult(queue=queue, paused=bool(q.paused), paused_at=q.paused_at, changed=changed)
+            return PauseResult(queue=queue, paused=False, paused_at=None, changed=True)
+        after = store.lock_pause_state(conn, q.id)  # paused_at as the database stamped it
+        return PauseResult(queue=queue, paused=True, paused_at=after[1] if after else None, changed=True)
 
     return db.retrying(apply)
 

@@ -163,6 +163,9 @@ class Store(abc.ABC):
     key_share_sql: ClassVar[str]
     #: SQL appended to a ``SELECT`` to lock its rows, passing over rows others hold (or ``""``).
     skip_locked_sql: ClassVar[str]
+    #: SQL appended to a one-row ``SELECT`` of a row this transaction updates next (or ``""``
+    #: where a write transaction already holds the database's one write lock).
+    update_lock_sql: ClassVar[str] = " FOR UPDATE"
 
     #: SQL for the database clock in whole epoch milliseconds (a bigint), without the test offset
     #: :func:`django_fq.db.now_sql` adds. Code-written text only.
@@ -453,6 +456,22 @@ class Store(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__}: no one-statement claim")
 
+    def paused_past_snapshot(self, conn: Any, queue_name: str) -> bool:
+        """True when queue ``queue_name`` is paused by a commit the claim's own SQL would not see.
+
+        That is a caller's transaction reading an older snapshot than the
+        newest commit, where the claim's statements read the queue row as of
+        that snapshot (docs/reference/semantics.md §9 "Pause": no claim that
+        starts after ``pause()`` returned hands out a job). Here: False, no
+        round trip, because the claim's own SQL reads the flag as of the
+        newest commit (SQLite: one writer, whose write lock a pause waits for;
+        MariaDB/MySQL: :meth:`take_jobs` reads it with a locking read in a
+        caller's transaction). Raises what the database raises for a locking
+        read of a row changed since the snapshot (PostgreSQL: a serialization
+        failure).
+        """
+        return False
+
     def claim_facts(self, conn: Any, queue_name: str) -> tuple | None:
         """What a claim of queue ``queue_name`` would meet, read in one statement before its transaction.
 
@@ -683,6 +702,19 @@ class Store(abc.ABC):
         with conn.cursor() as cur:
             cur.execute(f"SELECT COUNT(*) FROM {QUEUE_TABLE}")
             return int(cur.fetchone()[0])
+
+    def lock_pause_state(self, conn: Any, queue_id: int) -> tuple[bool, int | None] | None:
+        """Inside a write transaction: ``(paused, paused_at)`` of queue ``queue_id``, the row locked until commit.
+
+        One round trip. The values are the newest commit's, and no other
+        pause, resume or configure can change them before this transaction
+        ends, so what :func:`~django_fq.services.pause` answers is what holds
+        when it returns. ``None``: the queue is gone.
+        """
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT paused, paused_at FROM {QUEUE_TABLE} WHERE id = %s{self.update_lock_sql}", [queue_id])
+            row = cur.fetchone()
+        return None if row is None else (bool(row[0]), row[1])
 
     def set_paused(self, conn: Any, *, now: str, queue_id: int, paused: bool) -> bool:
         """Pause (``paused`` True) or resume queue ``queue_id``; one round trip. False: it already was so.

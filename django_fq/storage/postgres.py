@@ -217,6 +217,7 @@ class PostgresStore(Store):
     export_name = vendor
     key_share_sql = " FOR KEY SHARE"
     skip_locked_sql = " FOR UPDATE SKIP LOCKED"
+    update_lock_sql = " FOR NO KEY UPDATE"  # enqueues' FOR KEY SHARE passes
     clock_sql = NOW_SQL
 
     def greatest_sql(self, a: str, b: str) -> str:
@@ -572,6 +573,31 @@ class PostgresStore(Store):
                     [queue_id, list(uids)],
                 )
             return fetch_dicts(cur)
+
+    def paused_past_snapshot(self, conn: Any, queue_name: str) -> bool:
+        """In a caller's transaction: one round trip, the queue row read ``FOR SHARE`` unless READ COMMITTED.
+
+        Under REPEATABLE READ or SERIALIZABLE every statement of the claim reads
+        the snapshot of the transaction's first statement, so the one-statement
+        claim (and :meth:`take_jobs`) would see the queue as it was before a
+        later ``pause()``. The locking read fails with a serialization failure
+        (SQLSTATE 40001) when the row was changed since the snapshot, a pause
+        included; otherwise the row is held shared until the caller's
+        transaction ends, so a ``pause()`` waits for that claim to commit, as on
+        SQLite. ``FOR KEY SHARE`` would not do: it passes over a non-key update.
+        Under READ COMMITTED (each statement reads the newest commit) the row is
+        neither matched nor locked. Outside a transaction: False, no round trip.
+        """
+        if not conn.in_atomic_block:
+            return False
+        with conn.cursor() as cur:
+            cur.execute(
+                f"SELECT paused FROM {QUEUE_TABLE} WHERE name = %s "
+                "AND current_setting('transaction_isolation') <> 'read committed' FOR SHARE",
+                [queue_name],
+            )
+            row = cur.fetchone()
+        return bool(row and row[0])
 
     def statement_budget(self, conn: Any) -> int:
         """:data:`STATEMENT_BUDGET_BYTES`: a quarter of PostgreSQL's 1 GB limit on one message or value.

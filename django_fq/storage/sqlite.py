@@ -71,6 +71,7 @@ class SqliteStore(Store):
     export_name = vendor
     key_share_sql = ""
     skip_locked_sql = ""
+    update_lock_sql = ""
     clock_sql = NOW_SQL
 
     def greatest_sql(self, a: str, b: str) -> str:
