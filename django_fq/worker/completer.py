@@ -21,7 +21,8 @@ from django.db import connections
 from .. import services, validation
 from ..exceptions import FqError, InvalidJson, PayloadTooLarge, QueueNotFound, ReceiptCancelled
 from .dbconn import tidy_connections
-from .logs import emit, summary
+from .events import JobSettled
+from .logs import emit, emit_jobs, summary
 from .settle import SettleAbandoned
 from .state import Outcome, Running
 
@@ -154,17 +155,24 @@ class Completer:
                 emit(logging.ERROR, "job.not_settled", **running.where(), ms=outcome.elapsed_ms, code=exc.code, reason=exc.message)
                 settler.published(running, "not_settled", started=started, reason=exc.code)
             return
+        # One figure for the whole call (docs/explanation/worker.md: an ack batch's call for each of its jobs).
+        ms = (time.monotonic() - started) * 1000
+        # Counted before the events, so a subscriber reading the worker's stats sees its job counted.
+        self.hand.count("ok", sum(1 for settled in results if not isinstance(settled, FqError)))
+        wants_settled = self.worker.events.wants(JobSettled)
+        acked = []
         for (running, outcome), settled in zip(pending, results, strict=True):
-            where = running.where()
             if isinstance(settled, ReceiptCancelled):
                 self.hand.count("settle_errors")
-                emit(logging.WARNING, "job.cancelled", **where, ms=outcome.elapsed_ms, code=settled.code, detail="cancelled while it ran; not settled")
-                settler.published(running, "not_settled", started=started, reason=settled.code)
+                emit(logging.WARNING, "job.cancelled", **running.where(), ms=outcome.elapsed_ms, code=settled.code, detail="cancelled while it ran; not settled")
+                settler.published(running, "not_settled", ms=ms, reason=settled.code)
             elif isinstance(settled, FqError):
                 self.hand.count("settle_errors")
-                emit(logging.WARNING, "job.not_settled", **where, ms=outcome.elapsed_ms, code=settled.code, reason=settled.message)
-                settler.published(running, "not_settled", started=started, reason=settled.code)
+                emit(logging.WARNING, "job.not_settled", **running.where(), ms=outcome.elapsed_ms, code=settled.code, reason=settled.message)
+                settler.published(running, "not_settled", ms=ms, reason=settled.code)
             else:
-                self.hand.count("ok")
-                emit(logging.INFO, "job.acked", **where, ms=outcome.elapsed_ms, replay=settled.replay or None)
-                settler.published(running, "acked", settled.state, started)
+                acked.append((running, {"ms": outcome.elapsed_ms, "replay": settled.replay or None}))
+                if wants_settled:
+                    settler.published(running, "acked", settled.state, ms=ms)
+        # The batch's job.acked lines, written at once (django_fq.worker.logs.emit_jobs).
+        emit_jobs(logging.INFO, "job.acked", acked)

@@ -37,7 +37,7 @@ from django.db import connections
 
 from ..exceptions import InvalidDelay, LeaseLost, PermanentFailure, RetryAfter, Snooze, _delay
 from .context import set_current
-from .dbconn import abandon_open_transactions, tidy_connections
+from .dbconn import abandon_or_tidy, tidy_connections
 from .events import JobFinished, JobStarted
 from .logs import emit, error_text, since, summary
 from .state import Outcome, Running
@@ -131,27 +131,33 @@ class RunnerPool(abc.ABC):
         """
         worker = self.worker
         handed_over = False
+        tidied = False  # this thread's connections were tidied and not used since
         try:
             if verdict is GIVE_BACK:
                 if worker.hand.take(running):
                     worker.settler.release(running, "shutdown")
             elif verdict is START and outcome is not None:
-                if abandon_open_transactions():
+                if abandon_or_tidy():
                     # The handler left a transaction open: its writes are rolled back,
                     # so the run cannot count as a success.
                     error = "the handler left a database transaction open; it was rolled back"
                     outcome = Outcome("failed", error=error, summary=error, elapsed_ms=outcome.elapsed_ms)
+                else:
+                    tidied = running.context._reports is None  # else a last progress report may be written here
                 write_last_report(worker, running)
                 handed_over = worker.completer.hand_over(seq, running, outcome)
                 if not handed_over:
+                    tidied = False
                     worker.settle(running, outcome)
         except Exception as exc:  # a runner must survive anything
+            tidied = False
             log.exception("worker internal error")
             emit(logging.ERROR, "worker.internal_error", **running.where(), error=summary(exc))
         finally:
             if not handed_over:  # else the completer frees the slot once the ack is in
                 worker.hand.free([seq])
-            tidy_connections()
+            if not tidied:
+                tidy_connections()
 
 
 def write_last_report(worker: Worker, running: Running) -> None:

@@ -136,14 +136,18 @@ class Settler:
         self.published(running, "nacked", settled.state, started)
         return settled
 
-    def published(self, running: Running, result: str, state: str = "", started: float | None = None, reason: str = "") -> None:
+    def published(
+        self, running: Running, result: str, state: str = "", started: float | None = None, reason: str = "", ms: float | None = None
+    ) -> None:
         """Publish the :class:`~django_fq.worker.events.JobSettled` of ``running`` (only when someone subscribed).
 
         ``started`` is the monotonic time (s) the settle call began; ``None`` when none was made (0 ms).
+        ``ms``, when given, is the call's time (ms) itself (the completer's, once per ack batch).
         """
         events = self.worker.events
         if events.wants(JobSettled):
-            ms = (time.monotonic() - started) * 1000 if started is not None else 0.0
+            if ms is None:
+                ms = (time.monotonic() - started) * 1000 if started is not None else 0.0
             events.publish(JobSettled(self.worker, running.context, result, state, ms, reason))
 
     def call(self, running: Running, op: str, request: Callable[[], _T]) -> _T:

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..types import ClaimedJob
 from .context import JobContext, LeaseState
+from .logs import fields_text
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class Running:
         "settling",
         "started",
         "begun",
+        "_logged",
     )
 
     def __init__(self, claimed: ClaimedJob, visibility_ms: int, claim_start: float, claim_end: float, fraction: float):
@@ -105,6 +107,7 @@ class Running:
         self.settling = False
         self.started = time.monotonic()
         self.begun = False  # a runner thread took it (guarded by InHand.lock)
+        self._logged: tuple[dict, str] | None = None
 
     def local_time_of(self, db_ms: int) -> float:
         """Earliest local monotonic time at which the database clock can read ``db_ms``.
@@ -116,8 +119,16 @@ class Running:
         return self.claim_start + (db_ms - self.claimed.claimed_at) / 1000
 
     def where(self) -> dict:
+        """The job's fields of a log line: ``{"job": id, "queue": name, "attempt": "n/max"}`` (a new dict)."""
         c = self.claimed
         return {"job": c.id, "queue": c.queue, "attempt": f"{c.attempts}/{c.max_attempts}"}
+
+    def logged(self) -> tuple[dict, str]:
+        """:meth:`where` and its ``key=value`` text, made once per job (for :func:`~django_fq.worker.logs.emit_job`)."""
+        logged = self._logged
+        if logged is None:
+            logged = self._logged = fields_text(self.where())
+        return logged
 
 
 

@@ -48,6 +48,7 @@ from django_fq.worker import (
     child_command,
     emit,
 )
+from django_fq.worker.logs import WORKER_LOG_FORMAT, WorkerFormatter, WorkerLogHandler
 
 #: Waiting for SQLite's write lock at start: first pause and longest pause between tries, in seconds.
 _LOCK_WAIT_FIRST_S, _LOCK_WAIT_MAX_S = 0.25, 5.0
@@ -293,8 +294,9 @@ class Command(BaseCommand):
         if logger.level == logging.NOTSET or verbosity != 1:
             logger.setLevel(level)
         if not logger.hasHandlers():
-            stream = logging.StreamHandler(sys.stderr)
-            stream.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            # A StreamHandler that writes the same lines, cheaper per line (django_fq.worker.logs).
+            stream = WorkerLogHandler(sys.stderr)
+            stream.setFormatter(WorkerFormatter(WORKER_LOG_FORMAT))
             logger.addHandler(stream)
 
 
