@@ -729,8 +729,9 @@ def frozen_start(monkeypatch):
         yield start
 
 
-def _run(start: int, *, examples: int, steps: int, derandomize: bool) -> None:
-    SEEN.clear()
+def _run(start: int, *, examples: int, steps: int, derandomize: bool, fresh: bool = True) -> None:
+    if fresh:
+        SEEN.clear()
     run_state_machine_as_test(
         lambda: QueueMachine(start),
         settings=hsettings(
@@ -772,6 +773,12 @@ def test_random_sequences_of_verbs_match_the_model(frozen_start):
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_many_random_sequences_of_verbs_match_the_model(frozen_start):
-    _run(frozen_start, examples=40, steps=40, derandomize=False)  # FQ_PROPERTY_EXAMPLES=500 for a long local run
-    print("outcomes seen:", dict(sorted(SEEN.items())))
+    # Random runs of 40 examples now and then reach every outcome but one (a lease expiring is the
+    # rarest): explore further, in more random rounds, until each is reached, at most 5 rounds.
+    # Every round's sequences must match the model; the run must still reach every outcome.
+    for round_ in range(5):
+        _run(frozen_start, examples=40, steps=40, derandomize=False, fresh=round_ == 0)  # FQ_PROPERTY_EXAMPLES=500: longer
+        if not _missing():
+            break
+    print("outcomes seen:", dict(sorted(SEEN.items())), "rounds:", round_ + 1)
     assert _missing() == [], sorted(SEEN.items())
