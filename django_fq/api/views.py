@@ -216,8 +216,7 @@ class ProgressView(FqAPIView):
     @sensitive_variables()  # error reports must not show receipts (see the module docstring)
     def post(self, request, queue):
         body = _body(request, {"receipt", "progress", "message"}, required=("receipt", "progress"))
-        services.report_progress(queue, body["receipt"], body["progress"], body.get("message"))
-        value, message = validation.progress(body["progress"], body.get("message"))
+        value, message = services.report_progress(queue, body["receipt"], body["progress"], body.get("message"))
         return Response({"progress": value, "message": message})
 
 

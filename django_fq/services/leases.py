@@ -773,7 +773,7 @@ def extend(queue: str, receipt: str, *, visibility_ms: int) -> int:
     return db.retrying(apply)
 
 
-def report_progress(queue: str, receipt: str, progress: float, message: str | None = "") -> None:
+def report_progress(queue: str, receipt: str, progress: float, message: str | None = "") -> tuple[float, str]:
     """Store the progress of the running job ``receipt`` names: a percentage and a short message.
 
     ``progress`` is a finite number from 0 to 100; ``message`` at most 200
@@ -783,7 +783,8 @@ def report_progress(queue: str, receipt: str, progress: float, message: str | No
     lease never overwrites the next run's report. One ``UPDATE`` (one round
     trip) per call: each call writes, and throttling is the caller's (the
     worker's :meth:`JobContext.progress <django_fq.worker.JobContext.progress>`
-    writes at most once a second per job; docs/how-to/progress.md).
+    writes at most once a second per job; docs/how-to/progress.md). Returns
+    the ``(progress, message)`` stored, as validation normalised them.
 
     Raises :class:`InvalidArgument` (field ``progress`` or ``message``),
     :class:`QueueNotFound`, :class:`InvalidReceipt` (not a receipt of this
@@ -813,6 +814,7 @@ def report_progress(queue: str, receipt: str, progress: float, message: str | No
         # Refused: say why (off the write path: only a refused report pays for these reads).
         q = get_queue(queue)
         raise _replay_or_error(conn, q.id, parsed, "progress", None)
+    return value, text
 
 
 def _locked_lease(conn, queue_id: int, receipt: str, op: str, args: str | None = None):

@@ -34,7 +34,7 @@ from django.core.management.base import BaseCommand, CommandError, SystemCheckEr
 from django.db import OperationalError, ProgrammingError
 from django.utils.connection import ConnectionDoesNotExist
 
-from ... import backup, conf, health, services, validation
+from ... import backup, conf, health, services
 from ...exceptions import FqError, InvalidArgument, InvalidBackup, InvalidJson
 from ...types import STATE_NAMES, TOTAL_NAMES
 from ...validation import file_path, parse_json
@@ -512,8 +512,7 @@ class Command(BaseCommand):
         self._emit({"deadline": deadline}, lambda d: f"deadline {_when(d['deadline'])}")
 
     def do_progress(self, o):
-        services.report_progress(o["queue"], o["receipt"], o["progress"], o["message"])
-        value, message = validation.progress(o["progress"], o["message"])
+        value, message = services.report_progress(o["queue"], o["receipt"], o["progress"], o["message"])
         self._emit({"progress": value, "message": message}, lambda d: f"progress {d['progress']:g}% stored")
 
     # --- inspection and repair ----------------------------------------------------------------
