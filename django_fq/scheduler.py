@@ -13,6 +13,7 @@ A schedule maps an entry name to a cron expression and what to enqueue::
             "timeout_ms": 600_000,
             "catch_up": 1,                   # missed ticks to enqueue after downtime (1-100)
             "grace_ms": 3_600_000,           # optional: a tick later than this is dropped
+            "overlap": "skip",               # or "allow" (default "skip", see below)
         },
     }
 
@@ -29,6 +30,11 @@ retention) are explained in ``docs/periodic.md``; in short:
   after it, at most ``grace_ms`` and at most 30 days − 1 hour.
 * The token is kept for that window's upper bound plus one hour, so it outlives
   every moment at which the tick could still be due.
+* ``overlap``: with ``"skip"`` (the default) a tick is skipped while the job of
+  an earlier tick of the entry is still scheduled (waiting for a retry), ready
+  or running; the enqueue carries the unique key ``cron:<name>``, so the
+  check and the enqueue are one step and the skipped tick's token points at
+  the job that was still active. ``"allow"`` enqueues every tick.
 
 The job's payload is an envelope::
 
@@ -50,6 +56,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
 from django.conf import settings
 from django.core.checks import Error, register
+from django.core.checks import Warning as CheckWarning
 
 from . import conf, db, validation
 from .exceptions import FqError, ScheduleError
@@ -59,8 +66,21 @@ logger = logging.getLogger("django_fq.scheduler")
 SETTING = "FQ_SCHEDULE"
 #: Keys an entry of ``FQ_SCHEDULE`` may hold.
 ENTRY_KEYS = frozenset(
-    {"cron", "queue", "payload", "timezone", "priority", "max_attempts", "timeout_ms", "catch_up", "grace_ms"}
+    {
+        "cron",
+        "queue",
+        "payload",
+        "timezone",
+        "priority",
+        "max_attempts",
+        "timeout_ms",
+        "catch_up",
+        "grace_ms",
+        "overlap",
+    }
 )
+#: Values of an entry's ``overlap`` key; the first is the default.
+OVERLAP_POLICIES = ("skip", "allow")
 #: Largest ``catch_up``: how many missed ticks one entry may enqueue after downtime.
 MAX_CATCH_UP = 100
 #: Idempotency retention can be at most 30 days (docs/reference/semantics.md §2).
@@ -91,6 +111,7 @@ E_QUEUE = "django_fq.E011"
 E_TIMEZONE = "django_fq.E012"
 E_PAYLOAD = "django_fq.E013"
 E_ENTRY = "django_fq.E014"
+W_CATCH_UP_SKIPPED = "django_fq.W014"
 
 
 @dataclass(frozen=True)
@@ -107,6 +128,7 @@ class Entry:
     timeout_ms: int | None
     catch_up: int
     grace_ms: int | None
+    overlap: str = OVERLAP_POLICIES[0]
 
     @property
     def zone(self) -> ZoneInfo:
@@ -126,6 +148,15 @@ class Entry:
     def token(self, tick_ms: int) -> str:
         """The idempotency token of this entry's tick at ``tick_ms``."""
         return f"cron:{self.name}:{tick_ms}"
+
+    @property
+    def unique_key(self) -> str | None:
+        """The unique key of this entry's jobs: ``cron:<name>`` when ``overlap`` is ``"skip"``, else ``None``.
+
+        While a job holding it is scheduled, ready or running, the next tick's
+        enqueue coalesces onto that job (docs/periodic.md "Overlapping runs").
+        """
+        return f"cron:{self.name}" if self.overlap == "skip" else None
 
 
 # --- reading and validating the setting ---------------------------------------------------------
@@ -172,6 +203,9 @@ def check_schedule(app_configs=None, **kwargs):
     django_fq.E013   payload not a JSON document (or larger than allowed)
     django_fq.E014   setting or entry malformed: not a dict, bad entry name,
                      unknown key, option out of range
+    django_fq.W014   ``catch_up`` above 1 with ``overlap`` "skip": the missed
+                     ticks after the first are skipped, as the first is still
+                     ready when they are enqueued
     ===============  ==========================================================
     """
     schedule = raw_schedule()
@@ -179,8 +213,20 @@ def check_schedule(app_configs=None, **kwargs):
         return [Error(f"{SETTING} must be a dict mapping entry names to entries.", id=E_ENTRY)]
     errors = []
     for name, raw in schedule.items():
-        for check_id, message in _problems(name, raw):
+        problems = _problems(name, raw)
+        for check_id, message in problems:
             errors.append(Error(f"{SETTING}[{name!r}]: {message}", id=check_id, obj=SETTING))
+        if not problems and (raw.get("catch_up") or 1) > 1 and raw.get("overlap", OVERLAP_POLICIES[0]) == "skip":
+            errors.append(
+                CheckWarning(
+                    f"{SETTING}[{name!r}]: catch_up {raw['catch_up']} has no effect with overlap 'skip': "
+                    "after downtime the oldest missed tick is enqueued and the later ones are skipped "
+                    "while it waits",
+                    hint="Set 'overlap': 'allow' to run every missed tick, or drop catch_up.",
+                    id=W_CATCH_UP_SKIPPED,
+                    obj=SETTING,
+                )
+            )
     return errors
 
 
@@ -224,6 +270,9 @@ def _problems(name, raw) -> list[tuple[str, str]]:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
             out.append((E_ENTRY, f"{key} must be an integer from {lo} to {hi}"))
+    overlap = raw.get("overlap", OVERLAP_POLICIES[0])
+    if overlap not in OVERLAP_POLICIES:
+        out.append((E_ENTRY, f"overlap {overlap!r} must be one of {', '.join(map(repr, OVERLAP_POLICIES))}"))
     return out
 
 
@@ -282,6 +331,7 @@ def _build(name: str, raw: Mapping) -> Entry:
         timeout_ms=raw.get("timeout_ms"),
         catch_up=raw.get("catch_up") or 1,
         grace_ms=raw.get("grace_ms"),
+        overlap=raw.get("overlap", OVERLAP_POLICIES[0]),
     )
 
 
@@ -507,10 +557,20 @@ def _run_entry(entry: Entry, now_ms: int) -> int:
             timeout_ms=entry.timeout_ms,
             idempotency=token,
             idempotency_retention_ms=retention_ms(entry, tick),
+            unique_key=entry.unique_key,
         )
         if result.created:
             created += 1
             logger.info("schedule %s: tick %s enqueued into %s as job %s", entry.name, tick, entry.queue, result.id)
+        elif entry.unique_key is not None:
+            # The token was live (another process enqueued this tick) or the key coalesced onto an
+            # earlier tick's active job: either way this tick has its one outcome, recorded by the token.
+            logger.info(
+                "schedule %s: tick %s skipped: job %s of the entry is still scheduled, ready or running",
+                entry.name,
+                tick,
+                result.id,
+            )
     return created
 
 

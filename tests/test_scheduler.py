@@ -159,7 +159,7 @@ def test_due_ticks_include_a_tick_at_exactly_now():
 
 @pytest.mark.django_db
 def test_tick_enqueued_once_however_often_run_due_is_called(settings, clock):
-    settings.FQ_SCHEDULE = {"every5": {"cron": "*/5 * * * *", "queue": "cron.a", "timezone": "UTC"}}
+    settings.FQ_SCHEDULE = {"every5": {"overlap": "allow", "cron": "*/5 * * * *", "queue": "cron.a", "timezone": "UTC"}}
     travel(clock, ms(2025, 5, 5, 10, 2, 30))
 
     assert scheduler.run_due() == 1
@@ -178,7 +178,7 @@ def test_tick_enqueued_once_however_often_run_due_is_called(settings, clock):
 @pytest.mark.django_db
 def test_now_comes_from_the_database_clock(settings, clock):
     """The DB clock is moved to 2024 (Python's clock is elsewhere): the tick follows the DB clock."""
-    settings.FQ_SCHEDULE = {"midnight": {"cron": "@daily", "queue": "cron.db", "timezone": "UTC"}}
+    settings.FQ_SCHEDULE = {"midnight": {"overlap": "allow", "cron": "@daily", "queue": "cron.db", "timezone": "UTC"}}
     travel(clock, ms(2024, 2, 29, 0, 0, 40))
     assert scheduler.run_due() == 1
     assert ticks("cron.db") == [ms(2024, 2, 29)]
@@ -216,7 +216,9 @@ def test_job_payload_envelope_and_options(settings, clock):
 
 @pytest.mark.django_db
 def test_token_retention_covers_the_due_window(settings, clock):
-    settings.FQ_SCHEDULE = {"every5": {"cron": "*/5 * * * *", "queue": "cron.ret", "timezone": "UTC"}}
+    settings.FQ_SCHEDULE = {
+        "every5": {"overlap": "allow", "cron": "*/5 * * * *", "queue": "cron.ret", "timezone": "UTC"}
+    }
     travel(clock, ms(2025, 5, 5, 10, 0, 1))
     assert scheduler.run_due() == 1
     token = IdempotencyToken.objects.get(queue__name="cron.ret")
@@ -227,7 +229,9 @@ def test_token_retention_covers_the_due_window(settings, clock):
 
 @pytest.mark.django_db
 def test_missed_ticks_only_the_latest_runs_by_default(settings, clock):
-    settings.FQ_SCHEDULE = {"every5": {"cron": "*/5 * * * *", "queue": "cron.miss", "timezone": "UTC"}}
+    settings.FQ_SCHEDULE = {
+        "every5": {"overlap": "allow", "cron": "*/5 * * * *", "queue": "cron.miss", "timezone": "UTC"}
+    }
     travel(clock, ms(2025, 5, 5, 10, 0, 10))
     assert scheduler.run_due() == 1
 
@@ -240,7 +244,7 @@ def test_missed_ticks_only_the_latest_runs_by_default(settings, clock):
 @pytest.mark.django_db
 def test_missed_ticks_catch_up_enqueues_the_n_most_recent_in_order(settings, clock):
     settings.FQ_SCHEDULE = {
-        "every5": {"cron": "*/5 * * * *", "queue": "cron.catch", "timezone": "UTC", "catch_up": 3}
+        "every5": {"overlap": "allow", "cron": "*/5 * * * *", "queue": "cron.catch", "timezone": "UTC", "catch_up": 3}
     }
     travel(clock, ms(2025, 5, 5, 10, 0, 10))
     assert scheduler.run_due() == 3  # the schedule is new: the 3 most recent ticks
@@ -259,8 +263,8 @@ def test_missed_ticks_catch_up_enqueues_the_n_most_recent_in_order(settings, clo
 @pytest.mark.django_db
 def test_grace_ms_drops_a_tick_that_is_too_late(settings, clock):
     settings.FQ_SCHEDULE = {
-        "late": {"cron": "0 6 * * *", "queue": "cron.grace", "timezone": "UTC", "grace_ms": HOUR},
-        "lenient": {"cron": "0 6 * * *", "queue": "cron.grace2", "timezone": "UTC"},
+        "late": {"overlap": "allow", "cron": "0 6 * * *", "queue": "cron.grace", "timezone": "UTC", "grace_ms": HOUR},
+        "lenient": {"overlap": "allow", "cron": "0 6 * * *", "queue": "cron.grace2", "timezone": "UTC"},
     }
     travel(clock, ms(2025, 5, 5, 9))  # three hours after the 06:00 tick
     assert scheduler.run_due() == 1
@@ -275,7 +279,7 @@ def test_grace_ms_drops_a_tick_that_is_too_late(settings, clock):
 @pytest.mark.django_db
 def test_tick_is_never_enqueued_again_after_its_token_expires(settings, clock):
     """A yearly tick: due for 30 days − 1 h, token kept 30 days from enqueue — no second job."""
-    settings.FQ_SCHEDULE = {"yearly": {"cron": "@yearly", "queue": "cron.year", "timezone": "UTC"}}
+    settings.FQ_SCHEDULE = {"yearly": {"overlap": "allow", "cron": "@yearly", "queue": "cron.year", "timezone": "UTC"}}
     travel(clock, ms(2025, 1, 1, 0, 0, 30))
     assert scheduler.run_due() == 1
 
@@ -291,7 +295,9 @@ def test_tick_is_never_enqueued_again_after_its_token_expires(settings, clock):
 
 @pytest.mark.django_db
 def test_tick_older_than_thirty_days_is_dropped(settings, clock):
-    settings.FQ_SCHEDULE = {"monthly": {"cron": "0 0 1 * *", "queue": "cron.month", "timezone": "UTC"}}
+    settings.FQ_SCHEDULE = {
+        "monthly": {"overlap": "allow", "cron": "0 0 1 * *", "queue": "cron.month", "timezone": "UTC"}
+    }
     travel(clock, ms(2025, 8, 31, 12))  # 30.5 days after 1 August: too late
     assert scheduler.run_due() == 0
     travel(clock, ms(2025, 9, 1, 0, 0, 5))
@@ -301,7 +307,9 @@ def test_tick_older_than_thirty_days_is_dropped(settings, clock):
 
 @pytest.mark.django_db
 def test_dst_spring_forward_daily_0230_paris_runs_once_at_0300(settings, clock):
-    settings.FQ_SCHEDULE = {"night": {"cron": "30 2 * * *", "queue": "cron.dst", "timezone": "Europe/Paris"}}
+    settings.FQ_SCHEDULE = {
+        "night": {"overlap": "allow", "cron": "30 2 * * *", "queue": "cron.dst", "timezone": "Europe/Paris"}
+    }
     travel(clock, ms(2025, 3, 30, 1, 59, tz=PARIS))
     assert scheduler.run_due() == 1  # the previous night's tick (new schedule)
     assert [p["tick_iso"] for p in jobs("cron.dst")] == ["2025-03-29T02:30:00+01:00"]
@@ -321,7 +329,9 @@ def test_dst_spring_forward_daily_0230_paris_runs_once_at_0300(settings, clock):
 
 @pytest.mark.django_db
 def test_dst_fall_back_daily_0230_paris_runs_once(settings, clock):
-    settings.FQ_SCHEDULE = {"night": {"cron": "30 2 * * *", "queue": "cron.fall", "timezone": "Europe/Paris"}}
+    settings.FQ_SCHEDULE = {
+        "night": {"overlap": "allow", "cron": "30 2 * * *", "queue": "cron.fall", "timezone": "Europe/Paris"}
+    }
     travel(clock, ms(2025, 10, 26, 2, 31, tz=PARIS, fold=0))  # first pass, CEST
     assert scheduler.run_due() == 1
     travel(clock, ms(2025, 10, 26, 2, 31, tz=PARIS, fold=1))  # same wall time an hour later, CET
@@ -334,8 +344,8 @@ def test_dst_fall_back_daily_0230_paris_runs_once(settings, clock):
 @pytest.mark.django_db
 def test_run_due_skips_invalid_entries_and_runs_valid_ones(settings, clock):
     settings.FQ_SCHEDULE = {
-        "broken": {"cron": "not a cron", "queue": "cron.bad"},
-        "fine": {"cron": "* * * * *", "queue": "cron.ok", "timezone": "UTC"},
+        "broken": {"overlap": "allow", "cron": "not a cron", "queue": "cron.bad"},
+        "fine": {"overlap": "allow", "cron": "* * * * *", "queue": "cron.ok", "timezone": "UTC"},
     }
     travel(clock, ms(2025, 5, 5, 10, 0, 5))
     assert scheduler.run_due() == 1
@@ -354,8 +364,8 @@ def test_no_schedule_does_nothing(settings):
 @pytest.mark.django_db
 def test_next_run_ms_is_the_earliest_upcoming_tick(settings, clock):
     settings.FQ_SCHEDULE = {
-        "a": {"cron": "0 * * * *", "queue": "cron.n", "timezone": "UTC"},
-        "b": {"cron": "45 10 * * *", "queue": "cron.n", "timezone": "UTC"},
+        "a": {"overlap": "allow", "cron": "0 * * * *", "queue": "cron.n", "timezone": "UTC"},
+        "b": {"overlap": "allow", "cron": "45 10 * * *", "queue": "cron.n", "timezone": "UTC"},
     }
     travel(clock, ms(2025, 5, 5, 10, 20))
     assert scheduler.next_run_ms() == ms(2025, 5, 5, 10, 45)
@@ -437,10 +447,10 @@ def test_manage_py_check_fails_on_an_invalid_schedule(settings):
 
 #: Several entries with catch-up so one round has many ticks to race on.
 RACE_SCHEDULE = {
-    "m1": {"cron": "* * * * *", "queue": "cron.race1", "timezone": "UTC", "catch_up": 10},
-    "m5": {"cron": "*/5 * * * *", "queue": "cron.race1", "timezone": "UTC", "catch_up": 6},
-    "h1": {"cron": "0 * * * *", "queue": "cron.race2", "timezone": "Europe/Paris", "catch_up": 4},
-    "d1": {"cron": "30 2 * * *", "queue": "cron.race2", "timezone": "Europe/Paris", "catch_up": 2},
+    "m1": {"overlap": "allow", "cron": "* * * * *", "queue": "cron.race1", "timezone": "UTC", "catch_up": 10},
+    "m5": {"overlap": "allow", "cron": "*/5 * * * *", "queue": "cron.race1", "timezone": "UTC", "catch_up": 6},
+    "h1": {"overlap": "allow", "cron": "0 * * * *", "queue": "cron.race2", "timezone": "Europe/Paris", "catch_up": 4},
+    "d1": {"overlap": "allow", "cron": "30 2 * * *", "queue": "cron.race2", "timezone": "Europe/Paris", "catch_up": 2},
 }
 #: 10:02:05 UTC: the due set stays the same for the next 55 seconds.
 RACE_NOW = ms(2025, 5, 5, 10, 2, 5)
@@ -559,3 +569,147 @@ def test_three_threads_calling_run_due_at_once_enqueue_each_tick_once(settings, 
     assert not errors, errors
     assert sum(created) == len(expected)
     assert_each_tick_once(expected)
+
+
+# --- overlap: skip a tick while an earlier tick's job is still active ----------------------------
+
+
+def settle_all(queue: str, how: str) -> None:
+    """Claim every ready job of ``queue`` and settle it: ``ack``, ``nack`` (retry later), ``dead`` or ``hold``."""
+    for job in fq.claim(queue, count=100):
+        if how == "ack":
+            fq.ack(queue, job.receipt)
+        elif how == "nack":
+            fq.nack(queue, job.receipt, delay_ms=HOUR, error="try later")
+        elif how == "dead":
+            fq.nack(queue, job.receipt, error="gave up")  # max_attempts 1: dead at once
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("how", "state"),
+    [("leave", "ready"), ("hold", "running"), ("nack", "scheduled")],
+)
+def test_overlap_skip_is_the_default_while_the_last_job_is_active(settings, clock, how, state):
+    settings.FQ_SCHEDULE = {"every5": {"cron": "*/5 * * * *", "queue": "cron.ov", "timezone": "UTC"}}
+    travel(clock, ms(2025, 5, 5, 10, 0, 10))
+    assert scheduler.run_due() == 1
+    (first,) = Job.objects.filter(queue__name="cron.ov").values_list("uid", flat=True)
+    if how != "leave":
+        settle_all("cron.ov", how)
+    assert fq.get("cron.ov", first).state == state
+
+    clock.advance(5 * MINUTE)  # 10:05:10: the next tick is due, the 10:00 job is still active
+    assert scheduler.run_due() == 0
+    assert ticks("cron.ov") == [ms(2025, 5, 5, 10, 0)]
+    # The skipped tick's token names the job that was still active: the tick has its one outcome.
+    skipped = IdempotencyToken.objects.get(token=f"cron:every5:{ms(2025, 5, 5, 10, 5)}")
+    assert skipped.job_uid == first
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("how", ["ack", "dead"])
+def test_overlap_skip_enqueues_the_next_tick_once_the_last_job_finished(settings, clock, how):
+    settings.FQ_SCHEDULE = {
+        "every5": {"cron": "*/5 * * * *", "queue": "cron.fin", "timezone": "UTC", "max_attempts": 1}
+    }
+    travel(clock, ms(2025, 5, 5, 10, 0, 10))
+    assert scheduler.run_due() == 1
+    clock.advance(5 * MINUTE)
+    assert scheduler.run_due() == 0  # 10:05 skipped: the 10:00 job is still ready
+    settle_all("cron.fin", how)
+    # 10:05 stays skipped though its job has now finished (its token is live) ...
+    assert scheduler.run_due() == 0
+    clock.advance(5 * MINUTE)
+    # ... and 10:10 runs.
+    assert scheduler.run_due() == 1
+    assert ticks("cron.fin") == [ms(2025, 5, 5, 10, 0), ms(2025, 5, 5, 10, 10)]
+
+
+@pytest.mark.django_db
+def test_overlap_allow_enqueues_every_tick_while_jobs_are_active(settings, clock):
+    settings.FQ_SCHEDULE = {
+        "every5": {"cron": "*/5 * * * *", "queue": "cron.allow", "timezone": "UTC", "overlap": "allow"}
+    }
+    travel(clock, ms(2025, 5, 5, 10, 0, 10))
+    assert scheduler.run_due() == 1
+    settle_all("cron.allow", "hold")
+    clock.advance(5 * MINUTE)
+    assert scheduler.run_due() == 1
+    assert ticks("cron.allow") == [ms(2025, 5, 5, 10, 0), ms(2025, 5, 5, 10, 5)]
+    assert Job.objects.filter(queue__name="cron.allow", unique_key__isnull=False).count() == 0
+
+
+@pytest.mark.django_db
+def test_overlap_skip_leaves_other_entries_and_other_unique_keys_alone(settings, clock):
+    settings.FQ_SCHEDULE = {
+        "a": {"cron": "*/5 * * * *", "queue": "cron.two", "timezone": "UTC"},
+        "b": {"cron": "*/5 * * * *", "queue": "cron.two", "timezone": "UTC"},
+    }
+    fq.enqueue("cron.two", {"user": True}, unique_key="cron:c")  # a key no entry uses
+    travel(clock, ms(2025, 5, 5, 10, 0, 10))
+    assert scheduler.run_due() == 2  # one per entry: each entry has its own key
+    clock.advance(5 * MINUTE)
+    assert scheduler.run_due() == 0
+    keys = sorted(Job.objects.filter(queue__name="cron.two").values_list("unique_key", flat=True))
+    assert keys == ["cron:a", "cron:b", "cron:c"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_overlap_skip_three_threads_at_once_make_one_job(settings, clock):
+    settings.FQ_SCHEDULE = {"m": {"cron": "* * * * *", "queue": "cron.skiprace", "timezone": "UTC"}}
+    travel(clock, ms(2025, 5, 5, 10, 0, 5))
+    results: list[int] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(3)
+
+    def worker():
+        try:
+            fqdb.db_now_ms()
+            barrier.wait(timeout=30)
+            results.append(scheduler.run_due())
+            clock_now = fqdb.db_now_ms()
+            assert clock_now  # the connection is still usable after the race
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert sum(results) == 1
+    assert len(ticks("cron.skiprace")) == 1
+    clock.advance(MINUTE)  # the next tick races onto the still-ready job: skipped by all three
+    assert scheduler.run_due() == 0
+
+
+def test_overlap_must_be_skip_or_allow(settings):
+    settings.FQ_SCHEDULE = {"x": {"cron": "* * * * *", "queue": "q", "overlap": "sometimes"}}
+    errors = schedule_errors()
+    assert [e.id for e in errors] == ["django_fq.E014"]
+    assert "overlap 'sometimes'" in errors[0].msg
+    with pytest.raises(scheduler.ScheduleError, match="overlap"):
+        scheduler.parse_entry("x", {"cron": "* * * * *", "queue": "q", "overlap": True})
+
+
+def test_catch_up_with_overlap_skip_is_warned_about(settings):
+    settings.FQ_SCHEDULE = {
+        "skip": {"cron": "* * * * *", "queue": "q", "catch_up": 3},
+        "allow": {"cron": "* * * * *", "queue": "q", "catch_up": 3, "overlap": "allow"},
+        "one": {"cron": "* * * * *", "queue": "q"},
+    }
+    warnings = [m for m in scheduler.check_schedule(None) if m.id == "django_fq.W014"]
+    assert len(warnings) == 1
+    assert "FQ_SCHEDULE['skip']" in warnings[0].msg and warnings[0].level == checks.WARNING
+
+
+@pytest.mark.django_db
+def test_catch_up_with_overlap_skip_enqueues_only_the_oldest_missed_tick(settings, clock):
+    settings.FQ_SCHEDULE = {"every5": {"cron": "*/5 * * * *", "queue": "cron.cu", "timezone": "UTC", "catch_up": 3}}
+    travel(clock, ms(2025, 5, 5, 10, 0, 10))
+    assert scheduler.run_due() == 1
+    assert ticks("cron.cu") == [ms(2025, 5, 5, 9, 50)]
