@@ -116,6 +116,10 @@ def check_settings(app_configs=None, **kwargs):
     metrics_queues = getattr(settings, "FQ_METRICS_MAX_QUEUES", 0)
     if isinstance(metrics_queues, bool) or not isinstance(metrics_queues, int) or metrics_queues < 0:
         errors.append(Error("FQ_METRICS_MAX_QUEUES must be an integer of at least 0.", id="django_fq.E003"))
+    ttl = conf.get("FQ_QUEUE_TTL_MS")
+    ttl_hi = validation.POLICY_BOUNDS["ttl_ms"][1]
+    if isinstance(ttl, bool) or not isinstance(ttl, int) or not 0 <= ttl <= ttl_hi:
+        errors.append(Error(f"FQ_QUEUE_TTL_MS must be an integer from 0 to {ttl_hi} (365 days).", id="django_fq.E003"))
     offload = conf.get("FQ_PAYLOAD_OFFLOAD_BYTES")
     if isinstance(offload, bool) or not isinstance(offload, int) or offload < 0:
         errors.append(Error("FQ_PAYLOAD_OFFLOAD_BYTES must be an integer of at least 0.", id="django_fq.E003"))

@@ -18,6 +18,8 @@ setting                        default             meaning
 ``FQ_MAX_QUEUES``              10,000              queues the database may hold; creating one
                                                    more fails with ``too_many_queues``
 ``FQ_FINISHED_RETENTION_MS``   7 days              succeeded/cancelled jobs are pruned after this
+``FQ_QUEUE_TTL_MS``            0                   the ``ttl_ms`` a queue gets when it is created
+                                                   (0: none; docs/reference/semantics.md §9)
 ``FQ_HANDLERS``                ``{}``              ``{queue: "dotted.path"}`` handlers, besides
                                                    ``@handler`` in ``fq_handlers`` modules
                                                    (or ``{"handler": path, "middleware": [...]}``)
@@ -68,6 +70,7 @@ DEFAULTS = {
     "FQ_MAX_TOKENS_PER_QUEUE": 1_000_000,
     "FQ_MAX_QUEUES": 10_000,
     "FQ_FINISHED_RETENTION_MS": 7 * 24 * 3600 * 1000,
+    "FQ_QUEUE_TTL_MS": 0,
     "FQ_TEST_CLOCK_OFFSET_MS": 0,
     "FQ_SYNCHRONOUS_SETTLE": False,
     "FQ_MAX_METADATA_BYTES": 4096,
@@ -110,6 +113,11 @@ def max_metadata_bytes() -> int:
 def clock_offset_ms() -> int:
     """Test-only shift of the database clock in milliseconds (``FQ_TEST_CLOCK_OFFSET_MS``)."""
     return int(get("FQ_TEST_CLOCK_OFFSET_MS"))
+
+
+def queue_ttl_ms() -> int:
+    """The time to live (ms) given to each queue when it is created (``FQ_QUEUE_TTL_MS``, default 0: none)."""
+    return int(get("FQ_QUEUE_TTL_MS"))
 
 
 def max_queues() -> int:

@@ -84,6 +84,12 @@ class Queue(models.Model):
     # its own SQL, so a paused queue hands out no job, on any host, once pause() returned.
     paused = models.BooleanField(default=False, db_default=False)
     paused_at = models.BigIntegerField(null=True, blank=True, help_text="epoch ms, database clock, of the pause")
+    # Queue time to live (docs/reference/semantics.md §9 "Queue time to live"): an empty,
+    # unpaused queue with no activity for ttl_ms is deleted by prune(); 0 = kept forever.
+    ttl_ms = models.BigIntegerField(default=_DEFAULT.ttl_ms, db_default=_DEFAULT.ttl_ms)
+    # The latest activity prune() or configure() has seen (epoch ms, database clock), so that
+    # pruning the queue's finished jobs does not make it look idle since it was created.
+    active_at = models.BigIntegerField(null=True, blank=True, help_text="epoch ms, database clock")
 
     class Meta:
         db_table = "django_fq_queue"

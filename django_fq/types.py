@@ -57,6 +57,7 @@ class QueuePolicy:
     visibility_ms: int = 30_000
     idempotency_retention_ms: int = 300_000
     timeout_ms: int = 0
+    ttl_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,8 @@ class ReapResult:
 
 @dataclass(frozen=True)
 class PruneResult:
-    """What one prune pass removed: finished jobs and expired idempotency tokens."""
+    """What one prune pass removed: finished jobs, expired idempotency tokens, and queues past their TTL."""
 
     jobs: int = 0
     tokens: int = 0
+    queues: int = 0

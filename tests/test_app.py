@@ -41,6 +41,9 @@ def test_checks_accept_the_test_settings():
         ("FQ_FINISHED_RETENTION_MS", -1, "django_fq.E003"),
         ("FQ_METRICS_MAX_QUEUES", -1, "django_fq.E003"),
         ("FQ_METRICS_MAX_QUEUES", "200", "django_fq.E003"),
+        ("FQ_QUEUE_TTL_MS", -1, "django_fq.E003"),
+        ("FQ_QUEUE_TTL_MS", 366 * 24 * 3600 * 1000, "django_fq.E003"),
+        ("FQ_QUEUE_TTL_MS", "1h", "django_fq.E003"),
     ],
 )
 def test_bad_settings_are_reported(settings, name, value, check_id):

@@ -120,11 +120,11 @@ def test_config_sets_every_option_and_prints_the_policy():
     got = ok(
         "config", Q,
         "--concurrency", 4, "--max-attempts", 3, "--backoff", 1000, "--max-backoff", 60000,
-        "--visibility", 45000, "--idempotency-retention", 7000, "--timeout", 9000,
+        "--visibility", 45000, "--idempotency-retention", 7000, "--timeout", 9000, "--ttl", 86400000,
     )  # fmt: skip
     expected = {
         "queue": Q, "concurrency": 4, "max_attempts": 3, "backoff_ms": 1000, "max_backoff_ms": 60000,
-        "visibility_ms": 45000, "idempotency_retention_ms": 7000, "timeout_ms": 9000,
+        "visibility_ms": 45000, "idempotency_retention_ms": 7000, "timeout_ms": 9000, "ttl_ms": 86400000,
     }  # fmt: skip
     assert got == expected
     assert ok("config", Q) == expected
@@ -703,7 +703,7 @@ def test_prune_removes_finished_jobs_past_retention(clock):
     made = ok("enqueue", Q, "1")
     kept = ok("enqueue", Q, "2")
     ok("ack", Q, claim_one()["receipt"])
-    assert ok("prune", "--retention", 60_000) == {"jobs": 0, "tokens": 0}
+    assert ok("prune", "--retention", 60_000) == {"jobs": 0, "tokens": 0, "queues": 0}
     clock.advance(60_001)
     assert ok("prune", "--retention", 60_000)["jobs"] == 1
     fails("get", Q, made["id"], code="job_not_found")

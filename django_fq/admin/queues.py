@@ -37,6 +37,7 @@ _MEANING = {
     "visibility_ms": "default lease length of a claim, in ms",
     "idempotency_retention_ms": "how long an idempotency token deduplicates, in ms",
     "timeout_ms": "a running job past this is failed with a timeout, in ms; 0 = none",
+    "ttl_ms": "the queue is deleted once it has been empty and idle this long, in ms; 0 = never",
 }
 
 

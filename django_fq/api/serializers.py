@@ -68,6 +68,7 @@ class PolicySerializer(serializers.Serializer):
     visibility_ms = _int(*POLICY_BOUNDS["visibility_ms"])
     idempotency_retention_ms = _int(*POLICY_BOUNDS["idempotency_retention_ms"])
     timeout_ms = _int(*POLICY_BOUNDS["timeout_ms"], help_text="0 = none")
+    ttl_ms = _int(*POLICY_BOUNDS["ttl_ms"], help_text="delete the queue once empty and idle this long; 0 = never")
 
 
 class PolicyInputSerializer(serializers.Serializer):
@@ -81,6 +82,7 @@ class PolicyInputSerializer(serializers.Serializer):
     visibility_ms = _int(*POLICY_BOUNDS["visibility_ms"], required=False, allow_null=True)
     idempotency_retention_ms = _int(*POLICY_BOUNDS["idempotency_retention_ms"], required=False, allow_null=True)
     timeout_ms = _int(*POLICY_BOUNDS["timeout_ms"], required=False, allow_null=True)
+    ttl_ms = _int(*POLICY_BOUNDS["ttl_ms"], required=False, allow_null=True)
 
 
 class QueueConfigSerializer(PolicySerializer):

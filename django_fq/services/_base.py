@@ -118,7 +118,7 @@ def get_or_create_queue(name: str, *, lock: bool = False) -> Queue:
                 lock_queue_creation(conn)
                 if not _exists(conn, name):  # else created while this waited for the lock: use it
                     check_room_for_a_queue(conn, name)
-                    manager(Queue).create(name=name, created_at=db.DbNow())
+                    manager(Queue).create(name=name, created_at=db.DbNow(), ttl_ms=conf.queue_ttl_ms())
         except IntegrityError:
             continue  # created concurrently (and maybe deleted again since): look again
         try:

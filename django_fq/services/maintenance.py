@@ -6,6 +6,7 @@ from .. import conf, db, storage, validation
 from ..types import PruneResult, ReapResult
 from ._base import COUNTER_NAMES, add_counters, get_queue
 from .leases import expire_leases
+from .queues import expire_idle_queues
 
 #: Rows handled per transaction by reap and prune, so no pass holds locks for long.
 BATCH = 1000
@@ -36,16 +37,20 @@ def reap(queue: str | None = None, *, limit: int = 10_000) -> ReapResult:
 
 
 def prune(*, retention_ms: int | None = None, limit: int = 100_000) -> PruneResult:
-    """Delete succeeded/cancelled jobs finished more than ``retention_ms`` ago and expired tokens.
+    """Delete queues past their time to live, succeeded/cancelled jobs finished more than ``retention_ms`` ago, and expired tokens.
 
     ``retention_ms`` defaults to ``FQ_FINISHED_RETENTION_MS`` (7 days). Dead
-    jobs are kept until retried, cancelled or their queue is deleted. Deletes
-    in batches of 1000, at most ``limit`` rows of each kind per call. Also
-    merges counter shards (:func:`fold_counters`).
+    jobs are kept until retried, cancelled or their queue is deleted. Queues
+    first (:func:`~django_fq.services.queues.expire_idle_queues`: empty and
+    idle for their ``ttl_ms``), so that the activity their finished jobs show
+    is recorded before those jobs go. Deletes in batches of 1000, at most
+    ``limit`` rows of each kind per call. Also merges counter shards
+    (:func:`fold_counters`).
     """
     retention = conf.get("FQ_FINISHED_RETENTION_MS") if retention_ms is None else retention_ms
     validation.integer(retention, "retention_ms", 0, 10 * 3653 * validation.DAY_MS)
     validation.integer(limit, "limit", 1, 10**9)
+    queues = len(expire_idle_queues(limit=min(limit, 10_000)))
     conn = db.connection()
     now = db.now_sql(conn)
     store = storage.for_connection(conn)
@@ -72,7 +77,7 @@ def prune(*, retention_ms: int | None = None, limit: int = 100_000) -> PruneResu
         if n < BATCH:
             break
     fold_counters()
-    return PruneResult(jobs=jobs, tokens=tokens)
+    return PruneResult(jobs=jobs, tokens=tokens, queues=queues)
 
 
 def fold_counters() -> int:

@@ -1,4 +1,4 @@
-"""Queue verbs: configure, policy, queues, delete_queue, pause, resume."""
+"""Queue verbs: configure, policy, queues, delete_queue, pause, resume; queues past their time to live."""
 
 from __future__ import annotations
 
@@ -26,8 +26,10 @@ def configure(queue: str, **changes: int) -> QueuePolicy:
     ``max_attempts`` (1–1000), ``backoff_ms`` (0–86400000),
     ``max_backoff_ms`` (≥ backoff_ms, ≤ 30 days), ``visibility_ms``
     (1 ms–24 h), ``idempotency_retention_ms`` (1 ms–30 days), ``timeout_ms``
-    (0–7 days, 0 = none); ``None`` values are ignored. All values are checked
-    before anything is written. Returns the resulting policy.
+    (0–7 days, 0 = none), ``ttl_ms`` (0–365 days, 0 = none: see
+    :func:`expire_idle_queues`); ``None`` values are ignored. All values are
+    checked before anything is written; a change counts as activity of the
+    queue for its time to live. Returns the resulting policy.
 
     Raises :class:`InvalidQueueName`, :class:`InvalidPolicy` (naming the field).
     """
@@ -49,7 +51,8 @@ def configure(queue: str, **changes: int) -> QueuePolicy:
         if changes:
             for name, value in changes.items():
                 setattr(q, name, value)
-            q.save(using=db.connection().alias, update_fields=list(changes))
+            q.active_at = db.DbNow()
+            q.save(using=db.connection().alias, update_fields=[*changes, "active_at"])
         return policy_of(q)
 
     return db.retrying(apply)
@@ -172,3 +175,120 @@ def _counts_by_queue(queue_id: int | None = None) -> dict[int, dict[str, int]]:
         for qid, s, n in cur.fetchall():
             out.setdefault(qid, _zero_counts())[s] = n
     return out
+
+
+#: Stored states of finished jobs: a queue holding only these (or nothing) is empty for its time to live.
+FINISHED_STORED = ("succeeded", "cancelled")
+
+
+def expire_idle_queues(*, limit: int = 1000) -> list[str]:
+    """Delete queues that have been empty and idle for their ``ttl_ms``; return their names.
+
+    A queue with ``ttl_ms`` above 0 expires when, by the database clock,
+    it holds no job that has not finished (scheduled, ready, running, dead
+    or waiting jobs keep it), no live idempotency token, is not paused, and
+    its latest activity is at least ``ttl_ms`` old. Its latest activity is
+    the latest of: its creation, its last ``configure``, the last state
+    change of its finished jobs, and what an earlier pass recorded in
+    ``active_at`` (a pass records it for every queue with a time to live,
+    so pruning finished jobs never makes a queue look idle since its
+    creation). Each expiry takes the queue row exclusively (waiting for
+    enqueues in flight, as :func:`delete_queue` does), checks the rule again
+    under that lock and deletes the queue with its jobs, tokens, counters and
+    policy (docs/reference/semantics.md §9 "Queue time to live"). At most
+    ``limit`` queues (1 – 10⁹) are looked at per call. :func:`prune` calls
+    this before it prunes jobs.
+    """
+    from ..models import Queue
+    from ._base import manager
+
+    validation.integer(limit, "limit", 1, 10**9)
+    ids = list(manager(Queue).filter(ttl_ms__gt=0).order_by("id").values_list("id", flat=True)[:limit])
+    if not ids:
+        return []
+    rows = _activity(ids)
+    # Record what was seen first: the prune that follows may delete the finished jobs it came from.
+    busy = [qid for qid, is_busy, _, _ in rows if is_busy]
+    if busy:
+        db.retrying(lambda: manager(Queue).filter(id__in=busy).update(active_at=db.DbNow()))
+    for qid, is_busy, seen, _ in rows:
+        if not is_busy:
+            db.retrying(
+                lambda qid=qid, seen=seen: (
+                    manager(Queue).filter(id=qid).exclude(active_at__gte=seen).update(active_at=seen)
+                )
+            )
+    gone = []
+    for qid, _, _, expired in rows:
+        if expired:
+            name = db.retrying(_delete_if_expired, qid)
+            if name is not None:
+                gone.append(name)
+    return gone
+
+
+def _activity(ids: list[int]) -> list[tuple[int, bool, int, bool]]:
+    """``(id, busy, seen, expired)`` of queues ``ids`` (see :func:`_with_activity`), read without a lock."""
+    from ..models import Queue
+    from ._base import manager
+
+    return list(_with_activity(manager(Queue).filter(id__in=ids)).values_list("id", "busy", "seen", "expired"))
+
+
+def _with_activity(qs):
+    """``qs`` (of queues) annotated with ``busy``, ``seen`` (latest activity, epoch ms) and ``expired``."""
+    from django.db.models import BigIntegerField, Exists, F, OuterRef, Subquery, Value
+    from django.db.models.functions import Coalesce, Greatest
+
+    from ..models import IdempotencyToken, Job
+    from ._base import manager
+
+    jobs = manager(Job).filter(queue_id=OuterRef("id"))
+
+    def last_change(state: str):
+        # One entry of the (queue, state, changed_at) index per state: never a scan of the queue's jobs.
+        newest = jobs.filter(state=state).order_by("-changed_at").values("changed_at")[:1]
+        return Coalesce(Subquery(newest), Value(0), output_field=BigIntegerField())
+
+    seen = Greatest(
+        F("created_at"),
+        Coalesce(F("active_at"), Value(0), output_field=BigIntegerField()),
+        *(last_change(state) for state in FINISHED_STORED),
+        output_field=BigIntegerField(),
+    )
+    live_tokens = manager(IdempotencyToken).filter(queue_id=OuterRef("id"), expires_at__gt=db.DbNow())
+    qs = qs.annotate(
+        busy=Exists(jobs.exclude(state__in=FINISHED_STORED)),
+        promised=Exists(live_tokens),
+        seen=seen,
+    )
+    from django.db.models import BooleanField, Case, Q, When
+
+    ripe = Q(busy=False, promised=False, paused=False, ttl_ms__gt=0, seen__lte=db.DbNow() - F("ttl_ms"))
+    return qs.annotate(expired=Case(When(ripe, then=Value(True)), default=Value(False), output_field=BooleanField()))
+
+
+def _delete_if_expired(queue_id: int) -> str | None:
+    """In one transaction: lock queue ``queue_id`` exclusively, check it expired, delete it; its name or ``None``."""
+    from ..models import Queue
+    from ._base import manager
+
+    conn = db.connection()
+    store = storage.for_connection(conn)
+    if not store.lock_queue_row(conn, QUEUE, queue_id, exclusive=True):
+        return None  # deleted meanwhile
+    if store.may_read_stale(conn):
+        # A snapshot older than the lock (InnoDB REPEATABLE READ) could miss a job or token that
+        # committed while this waited: look for one with locking reads, which read the newest commit.
+        from ..models import IdempotencyToken, Job
+
+        unfinished = manager(Job).filter(queue_id=queue_id).exclude(state__in=FINISHED_STORED)
+        live = manager(IdempotencyToken).filter(queue_id=queue_id, expires_at__gt=db.DbNow())
+        if any(qs.select_for_update().values_list("pk", flat=True)[:1] for qs in (unfinished, live)):
+            return None
+    # Read after the lock was granted: an enqueue that committed while this waited is seen here.
+    row = _with_activity(manager(Queue).filter(id=queue_id)).filter(expired=True).values_list("name", flat=True)
+    name = next(iter(row), None)
+    if name is not None:
+        store.delete_queue_rows(conn, queue_id)
+    return name

@@ -77,8 +77,8 @@ class Reaper:
         if self.prune_interval_s and time.monotonic() >= self._next_prune:
             self._next_prune = time.monotonic() + self.prune_interval_s
             pruned = services.prune()
-            if pruned.jobs or pruned.tokens:
-                emit(logging.INFO, "reaper.prune", jobs=pruned.jobs, tokens=pruned.tokens)
+            if pruned.jobs or pruned.tokens or pruned.queues:
+                emit(logging.INFO, "reaper.prune", jobs=pruned.jobs, tokens=pruned.tokens, queues=pruned.queues)
         scheduler = self.scheduler_module()
         if scheduler is not None:
             try:

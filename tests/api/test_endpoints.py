@@ -29,6 +29,7 @@ POLICY_DEFAULTS = {
     "visibility_ms": 30_000,
     "idempotency_retention_ms": 300_000,
     "timeout_ms": 0,
+    "ttl_ms": 0,
 }
 EPOCH_2020_MS = 1_577_836_800_000
 
@@ -116,6 +117,7 @@ def test_patch_creates_a_missing_queue(api):
         ({"max_attempts": 0}, "invalid_policy", "max_attempts"),
         ({"visibility_ms": "5"}, "invalid_policy", "visibility_ms"),
         ({"concurrency": 1.5}, "invalid_policy", "concurrency"),
+        ({"ttl_ms": -1}, "invalid_policy", "ttl_ms"),
         ({"backoff_ms": 5000, "max_backoff_ms": 10}, "invalid_policy", "max_backoff_ms"),
         ({"speed": 1}, "invalid", "speed"),
         ({"queue": "other"}, "invalid", "queue"),

@@ -58,6 +58,7 @@ OPTION_OF_FIELD = {
     "backoff_ms": "--backoff",
     "max_backoff_ms": "--max-backoff",
     "visibility_ms": "--visibility",
+    "ttl_ms": "--ttl",
     "count": "--count",
     "wait_ms": "--wait",
     "worker": "--worker",
@@ -83,6 +84,7 @@ POLICY_OPTIONS = (
     ("visibility", "visibility_ms", "MS", "default lease length of claims (1 ms - 24 h)"),
     ("idempotency-retention", "idempotency_retention_ms", "MS", "how long an idempotency token deduplicates (1 ms - 30 days)"),
     ("timeout", "timeout_ms", "MS", "a running job past this fails with a timeout (0-7 days, 0 = none)"),
+    ("ttl", "ttl_ms", "MS", "delete the queue once empty and idle this long (0-365 days, 0 = never)"),
 )
 
 
@@ -240,7 +242,10 @@ class Command(BaseCommand):
         queue(p, optional=True)
         p.add_argument("--limit", type=_integer, default=10_000, metavar="N", help="leases handled at most (default 10000)")
 
-        p = op("prune", "Delete finished (succeeded/cancelled) jobs past the retention, and expired tokens.")
+        p = op(
+            "prune",
+            "Delete finished (succeeded/cancelled) jobs past the retention, expired tokens, and queues past their ttl_ms.",
+        )
         p.add_argument("--retention", dest="retention_ms", type=_integer, metavar="MS", help="default: FQ_FINISHED_RETENTION_MS (7 days)")
         p.add_argument("--limit", type=_integer, default=100_000, metavar="N", help="rows of each kind deleted at most (default 100000)")
 
@@ -583,7 +588,10 @@ class Command(BaseCommand):
 
     def do_prune(self, o):
         res = services.prune(retention_ms=o["retention_ms"], limit=o["limit"])
-        self._emit(asdict(res), lambda d: f"pruned {d['jobs']} job(s), {d['tokens']} token(s)")
+        self._emit(
+            asdict(res),
+            lambda d: f"pruned {d['jobs']} job(s), {d['tokens']} token(s), {d['queues']} queue(s) past their ttl_ms",
+        )
 
     def do_health(self, o):
         report = health.check(
