@@ -57,6 +57,7 @@ class QueuePolicy:
     visibility_ms: int = 30_000
     idempotency_retention_ms: int = 300_000
     timeout_ms: int = 0
+    key_concurrency: int = 0
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,8 @@ class JobInfo:
     ``progress_at`` (epoch ms, database clock) are the last progress report
     of the job's current or latest run (``None``, ``""``, ``None`` before its
     first report; a new attempt starts with none; docs/how-to/progress.md).
+    ``concurrency_key``: the key whose slots the job takes in a queue with
+    ``key_concurrency`` (docs/reference/semantics.md §9 "Per-key limits"), or ``None``.
     """
 
     id: str
@@ -183,6 +186,7 @@ class JobInfo:
     progress: float | None = None
     progress_message: str = ""
     progress_at: int | None = None
+    concurrency_key: str | None = None
 
 
 @dataclass(frozen=True)
