@@ -37,12 +37,13 @@ _MEANING = {
     "visibility_ms": "default lease length of a claim, in ms",
     "idempotency_retention_ms": "how long an idempotency token deduplicates, in ms",
     "timeout_ms": "a running job past this is failed with a timeout, in ms; 0 = none",
+    "key_concurrency": "most jobs of one concurrency key running at once; 0 = unlimited",
 }
 
 
 def _help(name: str) -> str:
     lo, hi = POLICY_BOUNDS[name]
-    unit = "" if name in ("concurrency", "max_attempts") else f" ({display.duration(lo)} – {display.duration(hi)})"
+    unit = "" if name in ("concurrency", "max_attempts", "key_concurrency") else f" ({display.duration(lo)} – {display.duration(hi)})"
     return f"{_MEANING[name]}. Allowed: {lo}–{hi}{unit}."
 
 

@@ -997,8 +997,8 @@ class Store(abc.ABC):
         marks = ", ".join(["%s"] * len(keys))
         with conn.cursor() as cur:
             cur.execute(
-                f"SELECT unique_key, uid FROM {JOB_TABLE} WHERE queue_id = %s AND state IN ('queued', 'running') "
-                f"AND unique_key IN ({marks})",
+                f"SELECT unique_key, uid FROM {JOB_TABLE} WHERE queue_id = %s "
+                f"AND state IN ('queued', 'running', 'held') AND unique_key IN ({marks})",
                 [queue_id, *keys],
             )
             return dict(cur.fetchall())
