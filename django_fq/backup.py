@@ -8,7 +8,7 @@ ASCII only, with ``\\u`` escapes):
 * per queue, in name order: a ``queue`` line, then its ``job`` lines (in claim
   order: enqueue sequence), then its ``token`` lines.
 
-``{"type": "queue", "name", "created_at", "policy": {the seven policy fields},
+``{"type": "queue", "name", "created_at", "policy": {the policy fields},
 "totals": {enqueued, deduplicated, claimed, ..., wait_ms_sum, wait_count,
 run_ms_sum, run_count}, "paused", "paused_at"}`` — ``paused`` true while the
 queue was paused (docs/reference/semantics.md §9 "Pause"), ``paused_at`` its
@@ -19,12 +19,17 @@ version 1.
 ``{"type": "job", "queue", "id", "state", "priority", "run_at",
 "enqueued_at", "changed_at", "claimed_at", "finished_at", "attempts",
 "max_attempts", "generation", "timeout_ms", "payload", "result",
-"last_error", "errors", "unique_key", "idempotency", "worker", "metadata"}`` — ``state``
+"last_error", "errors", "unique_key", "idempotency", "worker", "metadata",
+"concurrency_key"}`` — ``state``
 is ``scheduled``, ``ready``, ``succeeded``, ``dead`` or ``cancelled``;
 ``payload`` and ``result`` are JSON values (``result`` null when unset);
 ``metadata`` the job's metadata object (null or absent when it has none; its
 ``"tags"`` rebuild the tags column on import). The key came with metadata in
-0.1.0 before any release, so the format stays version 1.
+0.1.0 before any release, so the format stays version 1. ``concurrency_key``
+(docs/reference/semantics.md §9 "Per-key limits"; absent or null: none) came
+the same way: a job waiting for its key's slot is exported ``scheduled`` or
+``ready``, and an import into a queue with ``key_concurrency`` admits the
+waiting keyed jobs again, in claim order, up to the limit.
 
 ``{"type": "token", "queue", "token", "job_id", "created_at", "expires_at"}``
 
@@ -85,7 +90,7 @@ from django.db.models import Case, F, Field, Value, When
 
 from . import conf, db, payloads, storage, validation
 from .exceptions import ImportConflict, InvalidArgument, InvalidBackup, QueueNotFound, TooManyQueues
-from .models import IdempotencyToken, Job, Queue
+from .models import WAITING, IdempotencyToken, Job, Queue
 from .services._base import (
     JOB,
     QUEUE,
@@ -98,6 +103,7 @@ from .services._base import (
     manager,
     queue_overflow,
 )
+from .services import keys as slots
 from .services.queues import POLICY_BOUNDS
 from .storage.base import body_statement_bytes, split_by_bytes
 from .types import TIMING_NAMES, TOTAL_NAMES, QueuePolicy
@@ -130,7 +136,7 @@ _JOB_KEYS = frozenset(
     {
         "type", "queue", "id", "state", "priority", "run_at", "enqueued_at", "changed_at", "claimed_at",
         "finished_at", "attempts", "max_attempts", "generation", "timeout_ms", "payload", "result",
-        "last_error", "errors", "unique_key", "idempotency", "worker", "metadata",
+        "last_error", "errors", "unique_key", "idempotency", "worker", "metadata", "concurrency_key",
     }
 )  # fmt: skip
 _TOKEN_KEYS = frozenset({"type", "queue", "token", "job_id", "created_at", "expires_at"})
@@ -281,8 +287,8 @@ def _exported_state():
     """The state a job is exported with: its reported state, except ``running`` → ``ready``."""
     return Case(
         When(state="running", then=Value("ready")),
-        When(state="queued", run_at__gt=db.DbNow(), then=Value("scheduled")),
-        When(state="queued", then=Value("ready")),
+        When(state__in=WAITING, run_at__gt=db.DbNow(), then=Value("scheduled")),
+        When(state__in=WAITING, then=Value("ready")),
         default=F("state"),
     )
 
@@ -308,6 +314,7 @@ def _job_pages(queue_id: int, exported_at: int):
                 "seq", "uid", "state", "exported_state", "priority", "run_at", "enqueued_at", "changed_at",
                 "claimed_at", "finished_at", "attempts", "max_attempts", "generation", "timeout_ms", "payload",
                 "result", "last_error", "errors", "unique_key", "idempotency", "worker", "metadata",
+                "concurrency_key",
             )[:_BATCH]
         )  # fmt: skip
         # Offloaded bodies (docs/explanation/storage.md#large-payloads): one more read per page, in
@@ -343,6 +350,7 @@ def _job_pages(queue_id: int, exported_at: int):
                 "errors": errors,
                 "unique_key": r["unique_key"],
                 "idempotency": r["idempotency"],
+                "concurrency_key": r["concurrency_key"],
                 "worker": r["worker"],
                 "metadata": None if r["metadata"] is None else _Stored(r["metadata"]),
                 "was_running": int(was_running),
@@ -576,13 +584,14 @@ class _QueueState:
     totals: dict
     active: int = 0  # scheduled/ready jobs inserted
     tokens: int = 0  # token rows inserted
+    keyed: bool = False  # scheduled/ready jobs with a concurrency key inserted
 
 
 #: Columns an import writes, in the order of :class:`_Row` values (the settle record stays NULL).
 _JOB_COLUMNS = (
     "uid", "queue_id", "state", "priority", "run_at", "enqueued_at", "changed_at", "claimed_at", "finished_at",
     "attempts", "max_attempts", "generation", "timeout_ms", "payload", "payload_size", "result", "last_error",
-    "errors", "unique_key", "idempotency", "worker", "metadata", "tags",
+    "errors", "unique_key", "idempotency", "worker", "metadata", "tags", "concurrency_key",
 )  # fmt: skip
 _TOKEN_COLUMNS = ("queue_id", "token", "job_uid", "created_at", "expires_at")
 
@@ -798,6 +807,7 @@ class _Importer:
             worker=line.text("worker", 200, default=""),
             metadata=metadata,
             tags=tags,
+            concurrency_key=line.concurrency_key(),
         )
         if job.unique_key is not None and job.state == "queued":
             other = self.key_lines.setdefault((q.name, job.unique_key), line.n)
@@ -857,7 +867,7 @@ class _Importer:
             holders = dict(
                 manager(Job)
                 .filter(
-                    queue_id=queue_id, state__in=("queued", "running"), unique_key__in=[p.job.unique_key for p in items]
+                    queue_id=queue_id, state__in=("queued", "running", "held"), unique_key__in=[p.job.unique_key for p in items]
                 )
                 .values_list("unique_key", "uid")
             )
@@ -882,6 +892,7 @@ class _Importer:
         storage.for_connection(conn).insert_bodies(conn, bodies)
         for p in new:
             p.queue.active += int(p.job.state == "queued")
+            p.queue.keyed |= p.job.state == "queued" and p.job.concurrency_key is not None
         self.counts["jobs_created"] += len(new)
 
     def _flush_tokens(self) -> None:
@@ -943,6 +954,10 @@ class _Importer:
                 )
             # Through the counters' one writer (it asks the store), whose ** mappings the SQL audit reviews.
             add_counters(conn, q.id, **q.totals, active=q.active, token_rows=q.tokens)
+            limit = manager(Queue).filter(id=q.id).values_list("key_concurrency", flat=True).first()
+            if q.keyed and limit:
+                # Imported as queued: held and admitted again in claim order, up to the limit.
+                slots.rebalance(conn, queue_id=q.id, queue=q.name, limit=limit)
             if q.active:
                 db.notify(conn, q.name)  # delivered at commit: idle workers look at once
 
@@ -1122,6 +1137,15 @@ class _Line:
         except InvalidArgument:
             raise self.error(
                 f"must be null or a string of 1-{validation.MAX_KEY_LENGTH} characters without NUL", key
+            ) from None
+
+    def concurrency_key(self) -> str | None:
+        try:
+            return validation.concurrency_key(self.get("concurrency_key"))
+        except InvalidArgument:
+            raise self.error(
+                f"must be null or a string of 1-{validation.MAX_CONCURRENCY_KEY_LENGTH} characters without NUL",
+                "concurrency_key",
             ) from None
 
     def json(self, key: str, *, required: bool = False, limit: int | None = None) -> tuple[str, int]:

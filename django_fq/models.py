@@ -35,9 +35,15 @@ class Stored(models.TextChoices):
     SUCCEEDED = "succeeded"
     DEAD = "dead"
     CANCELLED = "cancelled"
+    #: Waiting for a slot of its concurrency key (docs/reference/semantics.md §9 "Per-key limits"):
+    #: reported as ``scheduled``/``ready`` like ``queued``, but outside the claim index, so claims
+    #: never read it. Only in a queue with ``key_concurrency`` > 0.
+    HELD = "held"
 
 
-ACTIVE = (Stored.QUEUED, Stored.RUNNING)
+ACTIVE = (Stored.QUEUED, Stored.RUNNING, Stored.HELD)
+#: Stored states that report as ``scheduled`` or ``ready`` (by ``run_at``).
+WAITING = (Stored.QUEUED, Stored.HELD)
 
 
 class CounterFields(models.Model):
@@ -79,6 +85,8 @@ class Queue(models.Model):
     visibility_ms = models.BigIntegerField(default=_DEFAULT.visibility_ms)
     idempotency_retention_ms = models.BigIntegerField(default=_DEFAULT.idempotency_retention_ms)
     timeout_ms = models.BigIntegerField(default=_DEFAULT.timeout_ms, db_default=_DEFAULT.timeout_ms)
+    # Per-key limit (docs/reference/semantics.md §9 "Per-key limits"): running jobs per concurrency key.
+    key_concurrency = models.IntegerField(default=_DEFAULT.key_concurrency, db_default=_DEFAULT.key_concurrency)
     created_at = models.BigIntegerField(help_text="epoch ms, database clock")
     # Flow control (docs/reference/semantics.md §9 "Pause"): every claim reads this flag in
     # its own SQL, so a paused queue hands out no job, on any host, once pause() returned.
@@ -136,6 +144,8 @@ class Job(models.Model):
     last_error = models.TextField(blank=True, default="")
     errors = models.JSONField(default=list, blank=True)
     unique_key = models.CharField(max_length=255, null=True, blank=True)
+    # At most the queue's key_concurrency jobs of one key run at once (docs/reference/semantics.md §9).
+    concurrency_key = models.CharField(max_length=200, null=True, blank=True)
     idempotency = models.CharField(max_length=255, null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True, default="")
     # Metadata: a small JSON object set at enqueue (compact JSON text, like the
@@ -173,13 +183,19 @@ class Job(models.Model):
                 name="fq_job_finished",
                 condition=Q(state__in=["succeeded", "cancelled"]),
             ),
+            # The jobs waiting for a slot of their key, in claim order: the next one to admit.
+            models.Index(
+                fields=["queue", "concurrency_key", "-priority", "seq"],
+                name="fq_job_key_held",
+                condition=Q(state="held"),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(fields=["uid"], name="fq_job_uid"),
             models.UniqueConstraint(
                 fields=["queue", "unique_key"],
                 name="fq_job_active_unique_key",
-                condition=Q(state__in=["queued", "running"]) & Q(unique_key__isnull=False),
+                condition=Q(state__in=["queued", "running", "held"]) & Q(unique_key__isnull=False),
             ),
         ]
 
@@ -330,3 +346,31 @@ class ClaimFloor(models.Model):
 
     def __str__(self) -> str:
         return f"claim floor of queue {self.queue_id}"
+
+
+class ConcurrencyKey(models.Model):
+    """The slots of one concurrency key in a queue with ``key_concurrency`` > 0.
+
+    ``admitted`` counts the key's jobs that are ``queued`` (claimable) or
+    ``running``; the key's other waiting jobs are ``held``, so a claim only
+    ever sees jobs whose key has room and never reads past a busy key.
+    Whoever admits or gives back a slot locks this row first
+    (docs/explanation/storage.md#per-key-limits). ``wake_at`` (epoch ms): the
+    key has room and a held job becomes due then (a delay or a retry
+    backoff); the reaper and the claim admit it once the clock passes it.
+    No database foreign key, as for ``Job.queue``: the stores delete the rows
+    with their queue.
+    """
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False, db_constraint=False)
+    key = models.CharField(max_length=200, db_column="concurrency_key")
+    admitted = models.IntegerField(default=0)
+    wake_at = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        db_table = "django_fq_key"
+        constraints = [models.UniqueConstraint(fields=["queue", "key"], name="fq_key_unique")]
+        indexes = [models.Index(fields=["wake_at"], name="fq_key_wake", condition=Q(wake_at__isnull=False))]
+
+    def __str__(self) -> str:
+        return f"key {self.key} of queue {self.queue_id}"

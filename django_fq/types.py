@@ -58,6 +58,7 @@ class QueuePolicy:
     idempotency_retention_ms: int = 300_000
     timeout_ms: int = 0
     ttl_ms: int = 0
+    key_concurrency: int = 0
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,8 @@ class JobInfo:
     ``progress_at`` (epoch ms, database clock) are the last progress report
     of the job's current or latest run (``None``, ``""``, ``None`` before its
     first report; a new attempt starts with none; docs/how-to/progress.md).
+    ``concurrency_key``: the key whose slots the job takes in a queue with
+    ``key_concurrency`` (docs/reference/semantics.md §9 "Per-key limits"), or ``None``.
     """
 
     id: str
@@ -184,6 +187,7 @@ class JobInfo:
     progress: float | None = None
     progress_message: str = ""
     progress_at: int | None = None
+    concurrency_key: str | None = None
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ POLICY_BOUNDS = {
     "idempotency_retention_ms": (1, 30 * DAY_MS),
     "timeout_ms": (0, 7 * DAY_MS),
     "ttl_ms": (0, 365 * DAY_MS),
+    "key_concurrency": (0, 100_000),
 }
 #: Longest enqueue delay, and furthest ``at`` from now: 10 years (docs/reference/semantics.md §9).
 MAX_DELAY_MS = 3653 * DAY_MS
@@ -113,6 +114,25 @@ def key(value: object, field: str) -> str | None:
         return None
     if not isinstance(value, str) or not 1 <= len(value) <= MAX_KEY_LENGTH or "\x00" in value:
         raise InvalidArgument(f"{field} must be a string of 1-{MAX_KEY_LENGTH} characters", field=field)
+    _check_text(value, field)
+    return value
+
+
+#: The longest concurrency key (characters; the column's max_length).
+MAX_CONCURRENCY_KEY_LENGTH = 200
+
+
+def concurrency_key(value: object, field: str = "concurrency_key") -> str | None:
+    """A job's concurrency key: ``None`` or a string of 1–200 characters without NUL or lone surrogates.
+
+    Compared byte for byte on every database (``"a"``, ``"A"`` and ``"a "`` are three keys).
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_CONCURRENCY_KEY_LENGTH or "\x00" in value:
+        raise InvalidArgument(
+            f"{field} must be a string of 1-{MAX_CONCURRENCY_KEY_LENGTH} characters without NUL", field=field
+        )
     _check_text(value, field)
     return value
 

@@ -120,11 +120,11 @@ def test_config_sets_every_option_and_prints_the_policy():
     got = ok(
         "config", Q,
         "--concurrency", 4, "--max-attempts", 3, "--backoff", 1000, "--max-backoff", 60000,
-        "--visibility", 45000, "--idempotency-retention", 7000, "--timeout", 9000, "--ttl", 86400000,
+        "--visibility", 45000, "--idempotency-retention", 7000, "--timeout", 9000, "--key-concurrency", 2, "--ttl", 86400000,
     )  # fmt: skip
     expected = {
         "queue": Q, "concurrency": 4, "max_attempts": 3, "backoff_ms": 1000, "max_backoff_ms": 60000,
-        "visibility_ms": 45000, "idempotency_retention_ms": 7000, "timeout_ms": 9000, "ttl_ms": 86400000,
+        "visibility_ms": 45000, "idempotency_retention_ms": 7000, "timeout_ms": 9000, "key_concurrency": 2, "ttl_ms": 86400000,
     }  # fmt: skip
     assert got == expected
     assert ok("config", Q) == expected
@@ -254,6 +254,24 @@ def test_enqueue_options_reach_the_job():
     assert job["run_at"] - job["enqueued_at"] == 60000
     assert job["idempotency"] == "tok" and job["unique_key"] == "uk"
     assert job["enqueued_at"] > EPOCH_2020_MS  # epoch milliseconds from the database clock
+
+
+def test_enqueue_concurrency_key_and_the_key_limit():
+    ok("config", Q, "--key-concurrency", 1)
+    first = ok("enqueue", Q, "1", "--concurrency-key", "customer-42")
+    second = ok("enqueue", Q, "2", "--concurrency-key", "customer-42")
+    assert ok("get", Q, first["id"])["concurrency_key"] == "customer-42"
+    assert "customer-42" in fq("get", Q, second["id"]).out
+    claimed = ok("claim", Q, "--count", 10)
+    assert [j["id"] for j in claimed] == [first["id"]]  # one of the key at a time
+    ok("ack", Q, claimed[0]["receipt"])
+    assert [j["id"] for j in ok("claim", Q, "--count", 10)] == [second["id"]]
+
+
+def test_a_bad_concurrency_key_names_the_option_and_creates_nothing():
+    fails("enqueue", Q, "1", "--concurrency-key", "x" * 201, code="invalid", field="concurrency_key")
+    assert Q not in queue_names()
+    fails("config", Q, "--key-concurrency", 100_001, code="invalid_policy", field="key_concurrency")
 
 
 def test_enqueue_at_sets_run_at():

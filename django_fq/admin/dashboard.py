@@ -32,7 +32,7 @@ from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Outer
 from django.db.models.functions import Coalesce
 
 from .. import db, storage
-from ..models import Job, Queue, QueueCounter
+from ..models import WAITING, Job, Queue, QueueCounter
 from ..services._base import manager
 from ..types import STATE_NAMES, TIMING_NAMES, TOTAL_NAMES
 from . import display
@@ -59,8 +59,8 @@ def count_annotations() -> dict:
     """
     now = db.DbNow()
     conditions = {
-        "scheduled": Q(state="queued", run_at__gt=now),
-        "ready": Q(state="queued", run_at__lte=now),
+        "scheduled": Q(state__in=WAITING, run_at__gt=now),
+        "ready": Q(state__in=WAITING, run_at__lte=now),
         "running": Q(state="running"),
         "succeeded": Q(state="succeeded"),
         "dead": Q(state="dead"),
@@ -89,7 +89,7 @@ def busiest_queue_ids(limit: int) -> list[int]:
     """
     busy = list(
         manager(Job)
-        .filter(state__in=("queued", "running", "dead"))
+        .filter(state__in=("queued", "held", "running", "dead"))
         .order_by()
         .values("queue_id")
         .annotate(n=Count("seq"))
@@ -107,8 +107,8 @@ def all_counts() -> dict[str, int]:
     """Jobs of every queue in each reported state, in one aggregate query (database clock)."""
     now = db.DbNow()
     conditions = {
-        "scheduled": Q(state="queued", run_at__gt=now),
-        "ready": Q(state="queued", run_at__lte=now),
+        "scheduled": Q(state__in=WAITING, run_at__gt=now),
+        "ready": Q(state__in=WAITING, run_at__lte=now),
         **{s: Q(state=s) for s in ("running", "succeeded", "dead", "cancelled")},
     }
     row = manager(Job).order_by().aggregate(**{s: Count("seq", filter=cond) for s, cond in conditions.items()})

@@ -25,7 +25,7 @@ from django.utils.html import format_html, format_html_join
 from .. import conf, db, storage, validation
 from .. import services as fq
 from ..exceptions import FqError
-from ..models import Job, Lease
+from ..models import WAITING, Job, Lease
 from ..services.jobs import requeue
 from ..types import STATE_NAMES
 from . import display
@@ -51,9 +51,9 @@ VERBS = {
 def reported_state(qs, state: str):
     """``qs`` restricted to jobs whose reported state is ``state`` (database clock for scheduled/ready)."""
     if state == "scheduled":
-        return qs.filter(state="queued", run_at__gt=db.DbNow())
+        return qs.filter(state__in=WAITING, run_at__gt=db.DbNow())
     if state == "ready":
-        return qs.filter(state="queued", run_at__lte=db.DbNow())
+        return qs.filter(state__in=WAITING, run_at__lte=db.DbNow())
     return qs.filter(state=state)
 
 
@@ -127,9 +127,9 @@ class JobAdmin(display.FqModelAdmin):
     )  # fmt: skip
     list_filter = (("queue", display.QueueFilter), StateFilter, TagFilter)
     list_select_related = ("queue",)
-    search_fields = ("uid", "idempotency", "unique_key")
-    exact_search = ("uid", "idempotency", "unique_key")
-    search_help_text = "Exact job id, idempotency token or unique key."
+    search_fields = ("uid", "idempotency", "unique_key", "concurrency_key")
+    exact_search = ("uid", "idempotency", "unique_key", "concurrency_key")
+    search_help_text = "Exact job id, idempotency token, unique key or concurrency key."
     # What a job-list URL may filter on: the list's own filters (queue, reported state) and exact ids.
     # Never payloads, results or errors (no contains/regex scans over every job), nor digests.
     url_lookups = {
@@ -142,6 +142,7 @@ class JobAdmin(display.FqModelAdmin):
         "worker": display.EXACT,
         "unique_key": display.EXACT,
         "idempotency": display.EXACT,
+        "concurrency_key": display.EXACT,
     }
     ordering = ("-seq",)
     list_per_page = 50
@@ -149,7 +150,7 @@ class JobAdmin(display.FqModelAdmin):
     actions = ("retry_selected", "requeue_selected", "cancel_selected")
     fieldsets = (
         # The id is the page's title; it is not repeated as a field.
-        (None, {"fields": ("queue", "state_badge", "priority", "attempts_of", "timeout", "unique_key", "idempotency")}),
+        (None, {"fields": ("queue", "state_badge", "priority", "attempts_of", "timeout", "unique_key", "idempotency", "concurrency_key")}),
         ("Times (database clock, UTC)", {"fields": ("enqueued_at_at", "run_at_at", "claimed_at_at", "changed_at_at", "finished_at_at")}),
         ("Lease", {"fields": ("lease_deadline", "lease_worker", "lease_generation")}),
         ("Metadata", {"fields": ("tag_list", "metadata_pretty")}),
@@ -463,8 +464,8 @@ def _reported_expression():
     """The reported state as an ORM expression: ``queued`` splits into scheduled/ready by the database clock."""
     now = db.DbNow()
     return Case(
-        When(state="queued", run_at__gt=now, then=Value("scheduled")),
-        When(state="queued", then=Value("ready")),
+        When(state__in=WAITING, run_at__gt=now, then=Value("scheduled")),
+        When(state__in=WAITING, then=Value("ready")),
         default=F("state"),
     )
 

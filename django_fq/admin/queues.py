@@ -38,12 +38,13 @@ _MEANING = {
     "idempotency_retention_ms": "how long an idempotency token deduplicates, in ms",
     "timeout_ms": "a running job past this is failed with a timeout, in ms; 0 = none",
     "ttl_ms": "the queue is deleted once it has been empty and idle this long, in ms; 0 = never",
+    "key_concurrency": "most jobs of one concurrency key running at once; 0 = unlimited",
 }
 
 
 def _help(name: str) -> str:
     lo, hi = POLICY_BOUNDS[name]
-    unit = "" if name in ("concurrency", "max_attempts") else f" ({display.duration(lo)} – {display.duration(hi)})"
+    unit = "" if name in ("concurrency", "max_attempts", "key_concurrency") else f" ({display.duration(lo)} – {display.duration(hi)})"
     return f"{_MEANING[name]}. Allowed: {lo}–{hi}{unit}."
 
 

@@ -69,6 +69,9 @@ class PolicySerializer(serializers.Serializer):
     idempotency_retention_ms = _int(*POLICY_BOUNDS["idempotency_retention_ms"])
     timeout_ms = _int(*POLICY_BOUNDS["timeout_ms"], help_text="0 = none")
     ttl_ms = _int(*POLICY_BOUNDS["ttl_ms"], help_text="delete the queue once empty and idle this long; 0 = never")
+    key_concurrency = _int(
+        *POLICY_BOUNDS["key_concurrency"], help_text="jobs of one concurrency_key running at once; 0 = unlimited"
+    )
 
 
 class PolicyInputSerializer(serializers.Serializer):
@@ -83,6 +86,7 @@ class PolicyInputSerializer(serializers.Serializer):
     idempotency_retention_ms = _int(*POLICY_BOUNDS["idempotency_retention_ms"], required=False, allow_null=True)
     timeout_ms = _int(*POLICY_BOUNDS["timeout_ms"], required=False, allow_null=True)
     ttl_ms = _int(*POLICY_BOUNDS["ttl_ms"], required=False, allow_null=True)
+    key_concurrency = _int(*POLICY_BOUNDS["key_concurrency"], required=False, allow_null=True)
 
 
 class QueueConfigSerializer(PolicySerializer):
@@ -148,6 +152,13 @@ class EnqueueSerializer(serializers.Serializer):
         allow_null=True,
         help_text='a JSON object of at most FQ_MAX_METADATA_BYTES (default 4096) as compact UTF-8; its "tags": '
         "up to 16 distinct strings of 1-64 characters from [A-Za-z0-9:._-]",
+    )
+    concurrency_key = serializers.CharField(
+        min_length=1,
+        max_length=validation.MAX_CONCURRENCY_KEY_LENGTH,
+        required=False,
+        allow_null=True,
+        help_text="at most the queue's key_concurrency jobs of one key run at once",
     )
 
 
@@ -267,6 +278,7 @@ class JobListedSerializer(serializers.Serializer):
     progress = serializers.FloatField(allow_null=True, help_text="the last progress report: a percentage, 0-100")
     progress_message = serializers.CharField(allow_blank=True)
     progress_at = _epoch_ms(allow_null=True)
+    concurrency_key = serializers.CharField(allow_null=True)
 
 
 class JobSerializer(JobListedSerializer):

@@ -83,6 +83,11 @@ class QueueCollector:
             "The queue's concurrency policy: most jobs running at once (0 = unlimited).",
             labels=["queue"],
         )
+        key_limit = GaugeMetricFamily(
+            "fq_queue_key_concurrency_limit",
+            "The queue's key_concurrency policy: most jobs of one concurrency key running at once (0 = unlimited).",
+            labels=["queue"],
+        )
         paused = GaugeMetricFamily(
             "fq_queue_paused",
             f'1 while the queue is paused (claims hand out no job), else 0; for queue="{OTHER}" the number of '
@@ -137,6 +142,7 @@ class QueueCollector:
                 other["age"] = max(other.get("age", 0), age)
                 continue
             limit.add_metric([name], info.policy.concurrency)
+            key_limit.add_metric([name], info.policy.key_concurrency)
             _add(jobs, ready_age, overdue, totals, wait, run, name, values, age)
             paused.add_metric([name], values["paused"])
         if folded:
@@ -147,6 +153,7 @@ class QueueCollector:
 
         yield jobs
         yield limit
+        yield key_limit
         yield paused
         yield ready_age
         yield overdue

@@ -28,8 +28,8 @@ COUNTER_NAMES = TOTAL_NAMES + TIMING_NAMES + ("active", "token_rows")
 
 #: Stored state → reported state, as SQL over a job row aliased ``j`` (docs/reference/semantics.md §9 "Time").
 REPORTED_STATE_SQL = (
-    "CASE WHEN j.state = 'queued' AND j.run_at > {now} THEN 'scheduled' "
-    "WHEN j.state = 'queued' THEN 'ready' ELSE j.state END"
+    "CASE WHEN j.state IN ('queued', 'held') AND j.run_at > {now} THEN 'scheduled' "
+    "WHEN j.state IN ('queued', 'held') THEN 'ready' ELSE j.state END"
 )
 
 

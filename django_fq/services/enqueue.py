@@ -26,6 +26,7 @@ from ._base import (
     max_jobs_per_queue,
     policy_of,
 )
+from . import keys as slots
 from .queues import POLICY_BOUNDS
 
 #: Keys an enqueue envelope may carry (the REST body and ``enqueue_many`` items).
@@ -41,6 +42,7 @@ ENVELOPE_KEYS = frozenset(
         "max_attempts",
         "timeout_ms",
         "metadata",
+        "concurrency_key",
     }
 )
 _CHUNK = 500  # rows per INSERT: well under SQLite's and PostgreSQL's parameter limits
@@ -69,11 +71,12 @@ class _Item(NamedTuple):
     timeout_ms: int | None
     metadata: str | None = None  # compact JSON text of a non-empty object
     tags: str | None = None  # the tags column: "|a|b|"
+    concurrency_key: str | None = None
 
 
 #: An envelope with a payload only: every option after ``size`` at its default. ``_new_item(_Item, (text,
 #: size, *_NO_OPTIONS))`` skips NamedTuple's keyword-handling ``__new__`` (a Python function) per item.
-_NO_OPTIONS = (0, None, None, None, None, None, None, None, None, None)
+_NO_OPTIONS = (0, None, None, None, None, None, None, None, None, None, None)
 _new_item = tuple.__new__
 
 
@@ -90,6 +93,7 @@ def enqueue(
     max_attempts: int | None = None,
     timeout_ms: int | None = None,
     metadata: dict | None = None,
+    concurrency_key: str | None = None,
     create_queue: bool = True,
 ) -> EnqueueResult:
     """Add one job to ``queue`` (created with the default policy if missing).
@@ -115,6 +119,10 @@ def enqueue(
             (``jobs(..., tag=...)`` filters on them). ``FQ_ENQUEUE_MIDDLEWARE``
             may add to it. A duplicate (idempotency token, unique key) keeps
             the first job's metadata.
+        concurrency_key: 1–200 characters (no NUL), compared byte for byte;
+            with the queue's ``key_concurrency`` K > 0, at most K jobs of one
+            key run at once (docs/reference/semantics.md §9 "Per-key limits").
+            A duplicate keeps the first job's key.
         create_queue: ``False`` raises :class:`QueueNotFound` (and writes
             nothing) when ``queue`` does not exist, instead of creating it.
             The REST API passes ``False`` for users who may not create queues
@@ -142,6 +150,7 @@ def enqueue(
         "max_attempts": max_attempts,
         "timeout_ms": timeout_ms,
         "metadata": metadata,
+        "concurrency_key": concurrency_key,
     }
     chain = middleware.enqueue_chain()
     if chain is not None:
@@ -160,7 +169,7 @@ def enqueue_many(queue: str, items: Iterable[Mapping], *, create_queue: bool = T
     ``items`` are envelopes: mappings with a ``"payload"`` key and any of the
     options of :func:`enqueue` (``priority``, ``delay_ms``, ``at``,
     ``idempotency``, ``idempotency_retention_ms``, ``unique_key``,
-    ``max_attempts``, ``timeout_ms``, ``metadata``). ``FQ_ENQUEUE_MIDDLEWARE``
+    ``max_attempts``, ``timeout_ms``, ``metadata``, ``concurrency_key``). ``FQ_ENQUEUE_MIDDLEWARE``
     runs for each item (a refusal fails the whole batch: its ``field`` is
     ``items[i]``). Returns one :class:`EnqueueResult` per
     item, in input order. Items of one batch sharing a token or unique key
@@ -197,7 +206,9 @@ def _write(queue: str, items: list[_Item], *, batch: bool, create: bool = True) 
     # (payloads.split): the general path writes it; the one-statement enqueue has no room for it.
     offload = conf.payload_offload_bytes()
     if store.supports_one_statement_enqueue and all(
-        it.token is None and it.unique_key is None and it.at is None and it.size <= offload for it in items
+        it.token is None and it.unique_key is None and it.at is None and it.concurrency_key is None
+        and it.size <= offload
+        for it in items
     ):
         known = (conn.alias, queue)
         if known not in _seen_queues:
@@ -312,6 +323,7 @@ def parse_options(raw: Mapping, limit: int | None = None, encode=None) -> _Item:
         timeout_ms=timeout,
         metadata=meta_text,
         tags=tags,
+        concurrency_key=validation.concurrency_key(raw.get("concurrency_key")),
     )
 
 
@@ -392,6 +404,10 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool, create: bool = 
     store = storage.for_connection(conn)
     for token, target in token_fixups.items():
         store.point_token(conn, q.id, token, target)
+    keyed = [(uids[i], items[i].concurrency_key) for i in new if items[i].concurrency_key] if new else []
+    keyed = [(uid, key) for uid, key in keyed if uid in created]
+    if keyed:  # held or admitted to their key's slots, in this transaction (services.keys)
+        slots.admit_enqueued(conn, queue_id=q.id, queue=queue, limit=q.key_concurrency, jobs=keyed)
 
     if new:  # the new jobs' enqueue times, as the database wrote them
         results = [EnqueueResult(r.id, True, created[r.id]) if r.created else r for r in results]

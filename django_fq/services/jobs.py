@@ -12,8 +12,9 @@ from django.db.models import Case, F, Q, Value, When
 
 from .. import db, payloads, storage, validation
 from ..exceptions import InvalidArgument, InvalidCursor, InvalidState, JobNotFound, WaitTimeout
-from ..models import Job, Lease
+from ..models import ACTIVE, WAITING, Job, Lease
 from ..types import STATE_NAMES, TIMING_NAMES, TOTAL_NAMES, JobInfo, JobPage, JobState, QueueStats
+from . import keys as slots
 from ._base import add_counters, append_history, counter_sums, get_queue, history_entry, manager
 from .queues import counts
 
@@ -21,15 +22,16 @@ FINAL_STATES = frozenset({"succeeded", "dead", "cancelled"})
 _LIST_FIELDS = (
     "uid", "state", "priority", "run_at", "enqueued_at", "changed_at", "attempts", "max_attempts",
     "timeout_ms", "unique_key", "idempotency", "last_error", "claimed_at", "finished_at", "worker", "metadata", "tags",
-    "progress", "progress_message", "progress_at",
+    "progress", "progress_message", "progress_at", "concurrency_key",
 )  # fmt: skip
 
 
 def _reported():
     now = db.DbNow()
     return Case(
-        When(state="queued", run_at__gt=now, then=Value("scheduled")),
-        When(state="queued", then=Value("ready")),
+        # A held job (waiting for a slot of its concurrency key) reports as a queued one.
+        When(state__in=WAITING, run_at__gt=now, then=Value("scheduled")),
+        When(state__in=WAITING, then=Value("ready")),
         default=F("state"),
     )
 
@@ -66,6 +68,7 @@ def _info(row: dict, queue: str, *, full: bool) -> JobInfo:
         progress=row["progress"],
         progress_message=row["progress_message"],
         progress_at=row["progress_at"],
+        concurrency_key=row["concurrency_key"],
         **extra,
     )
 
@@ -154,7 +157,7 @@ def jobs(
     if state is not None:
         qs = qs.filter(reported=state)
         if state in ("scheduled", "ready", "running"):
-            qs = qs.filter(state="running" if state == "running" else "queued")
+            qs = qs.filter(state="running") if state == "running" else qs.filter(state__in=WAITING)
         else:
             qs = qs.filter(state=state)
     if cursor is not None and cursor != FIRST_PAGE:
@@ -225,17 +228,28 @@ def retry(queue: str, job_id: str) -> JobInfo:
 
     def apply():
         conn = db.connection()
+        # Held shared, as an enqueue holds it: a configure() of key_concurrency waits (services.keys).
+        q = get_queue(queue, lock=True)
         job = _lock_job(q.id, queue, job_id)
         if job.state != "dead":
             state = _job_rows(q.id).filter(seq=job.seq).values_list("reported", flat=True).get()
             raise InvalidState(f"only dead jobs can be retried; this job is {state}", field="job_id", state=state)
         try:
             with transaction.atomic(using=conn.alias):
+                # A keyed job of a queue with a key limit waits held, then is admitted in order.
+                keyed = job.concurrency_key is not None and q.key_concurrency > 0
                 manager(Job).filter(seq=job.seq).update(
-                    state="queued", attempts=0, run_at=db.DbNow(), changed_at=db.DbNow(), finished_at=None
+                    state="held" if keyed else "queued",
+                    attempts=0,
+                    run_at=db.DbNow(),
+                    changed_at=db.DbNow(),
+                    finished_at=None,
                 )
-                # It keeps its sequence number, which the claim floor may have passed.
-                storage.for_connection(conn).lower_claim_floors(conn, [(q.id, job.priority, job.seq)])
+                if keyed:
+                    slots.admit(conn, queue_id=q.id, queue=queue, keys=[job.concurrency_key])
+                else:
+                    # It keeps its sequence number, which the claim floor may have passed.
+                    storage.for_connection(conn).lower_claim_floors(conn, [(q.id, job.priority, job.seq)])
         except IntegrityError:
             # refused=True: the holder exists in the newest commit, which a caller's older
             # snapshot may not show (the store then reads that commit).
@@ -264,10 +278,12 @@ def requeue(queue: str, job_id: str) -> JobInfo:
     def apply():
         conn = db.connection()
         job = _lock_job(q.id, queue, job_id)
-        if job.state != "queued":
+        if job.state not in WAITING:
             raise InvalidState(f"only scheduled or ready jobs can be requeued; this job is {job.state}", field="job_id", state=job.state)
         # Still queued: the claim floor never passes a queued job, due or not, so it needs no lowering.
         moved = manager(Job).filter(seq=job.seq, run_at__gt=db.DbNow()).update(run_at=db.DbNow(), changed_at=db.DbNow())
+        if moved and job.state == "held":  # due now: admitted if its key has room
+            slots.admit(conn, queue_id=q.id, queue=queue, keys=[job.concurrency_key])
         if moved:
             db.notify(conn, queue)
 
@@ -308,7 +324,11 @@ def cancel(queue: str, job_id: str) -> JobInfo:
             errors=append_history(job.errors, history_entry(now, job.attempts, "cancel", "cancelled", job.worker)),
             **changes,
         )
-        add_counters(conn, q.id, cancelled=1, active=-int(job.state in ("queued", "running")))
+        add_counters(conn, q.id, cancelled=1, active=-int(job.state in ACTIVE))
+        if job.state in ("queued", "running") and job.concurrency_key is not None:
+            # Its slot goes to the key's next held job (the limit is read under the key's lock:
+            # nothing without one).
+            slots.give_back(conn, queue_id=q.id, queue=queue, freed=[job.concurrency_key])
 
     db.retrying(apply)
     return get(queue, job_id)

@@ -23,6 +23,7 @@ from typing import Any
 from django.db import DatabaseError
 
 from .. import db, payloads, receipts, storage, validation, wakeup
+from . import keys as slots
 from ..conf import CLAIM_PAYLOAD_CAP_BYTES
 from ..exceptions import FqError, InvalidReceipt, QueueNotFound, ReceiptCancelled
 from ..models import Job, Queue
@@ -200,8 +201,9 @@ def _claim_round(queue: str, count: int, visibility_ms: int | None, worker: str)
         jobs = db.retrying(_claim_once, queue_id, queue, count, vis, worker, relaxed=db.relaxed_commit(conn))
         _claimed(conn, queue_id, len(jobs))
         return jobs
-    if expired:
+    if expired:  # expired leases, or a key's held job become due (with key_concurrency)
         db.retrying(lambda: expire_leases(db.connection(), queue_id=queue_id, limit=CLAIM_REAP_BATCH))
+        slots.wake(queue_id=queue_id)
     jobs, facts, _ = db.retrying(_claim_statement, queue, count, visibility_ms, worker, True, atomic=False)
     if facts is not None:  # a concurrency limit was set meanwhile: next round
         return []
@@ -400,7 +402,7 @@ def _claim_once(
     if reap:
         expire_leases(conn, queue_id=queue_id, limit=CLAIM_REAP_BATCH)
     with conn.cursor() as cur:
-        read = f"SELECT concurrency FROM {QUEUE} WHERE id = %s"
+        read = f"SELECT concurrency, key_concurrency FROM {QUEUE} WHERE id = %s"
         cur.execute(read, [queue_id])
         row = cur.fetchone()
         store = storage.for_connection(conn)
@@ -413,6 +415,11 @@ def _claim_once(
             row = cur.fetchone()
         if row is None:
             raise QueueNotFound(f"no such queue: {queue}", field="queue")
+        if reap and row[1] > 0:
+            # Held jobs of keys with room that became due: admitted before the jobs are taken.
+            due = store.due_keys(conn, now=db.now_sql(conn), queue_id=queue_id, limit=slots.WAKE_BATCH)
+            if due:
+                slots.admit(conn, queue_id=queue_id, queue=None, keys=[k for _, k in due], create=False)
         rows = storage.for_connection(conn).take_jobs(
             conn, queue_id=queue_id, count=count, concurrency=row[0], worker=worker, cap=CLAIM_PAYLOAD_CAP_BYTES
         )
@@ -553,6 +560,8 @@ def _ack_judged(queue: str, items: list[tuple[str, str | None, str]]) -> list:
             for i, lease in live:
                 if lease["job_id"] not in acked:  # its deadline passed before the locks were granted
                     found[i] = InvalidReceipt("invalid or expired receipt: the lease has expired", field="receipt")
+            freed = [lease["concurrency_key"] for _, lease in live if lease["job_id"] in acked]
+            slots.give_back(conn, queue_id=q.id, queue=queue, freed=freed)
         return [
             SettleResult(id=lease["uid"], state="succeeded") if isinstance(lease, dict) else lease for lease in found
         ]
@@ -580,6 +589,7 @@ def _ack_judged(queue: str, items: list[tuple[str, str | None, str]]) -> list:
                 store.mark_acked(conn, now=now, acks=run)
             run_ms = sum(max(0, now - lease["claimed_at"]) for _, lease in live)
             add_counters(conn, q.id, acked=len(live), active=-len(live), run_ms_sum=run_ms, run_count=len(live))
+            slots.give_back(conn, queue_id=q.id, queue=queue, freed=[lease["concurrency_key"] for _, lease in live])
         return [
             SettleResult(id=lease["uid"], state="succeeded") if isinstance(lease, dict) else lease for lease in found
         ]
@@ -716,6 +726,7 @@ def release(queue: str, receipt: str, *, error: str | None = None, delay_ms: int
         conn = db.connection()
         if relaxed:
             db.relax_commit(conn)
+        store = storage.for_connection(conn)
         lease = _locked_lease(conn, q.id, receipt, "release", args)
         if isinstance(lease, SettleResult):
             return lease
@@ -725,8 +736,12 @@ def release(queue: str, receipt: str, *, error: str | None = None, delay_ms: int
         history = () if history_on_server(conn) else ("errors",)
         job = _fresh_job(conn, lease["job_id"], "attempts", "priority", *history, policy=False)
         outcome = {"state": "scheduled" if run_at > now else "ready", "run_at": run_at}
+        # A snoozed keyed job waits held, without its slot, in a queue with a key limit (read
+        # under the key's lock, after the lease's: a configure() of it is done or waits).
+        key = lease.get("concurrency_key")
+        held = key is not None and run_at > now and store.lock_keys(conn, q.id, [key], create=False)[0] > 0
         manager(Job).filter(seq=lease["job_id"]).update(
-            state="queued",
+            state="held" if held else "queued",
             run_at=run_at,
             changed_at=now,
             attempts=max(0, job.attempts - 1),
@@ -739,7 +754,10 @@ def release(queue: str, receipt: str, *, error: str | None = None, delay_ms: int
             settled_args=args,
             settled_outcome=outcome,
         )
-        storage.for_connection(conn).lower_claim_floors(conn, [(q.id, job.priority, lease["job_id"])])
+        if held:
+            slots.give_back(conn, queue_id=q.id, queue=queue, freed=[key])
+        else:
+            store.lower_claim_floors(conn, [(q.id, job.priority, lease["job_id"])])
         add_counters(conn, q.id, released=1)
         db.notify(conn, queue)
         return SettleResult(id=lease["uid"], **outcome)
@@ -956,6 +974,7 @@ def fail_attempt(
     settled_op: str,
     settled_args: str | None = None,
     requeued: list | None = None,
+    freed: list | None = None,
 ) -> dict:
     """Apply a failed attempt to a job whose lease was just ended by the caller.
 
@@ -965,11 +984,18 @@ def fail_attempt(
     A job queued again keeps its sequence number, so the queue's claim floor
     comes down to it: here, or by the caller when it passes ``requeued`` (a
     list this appends ``(queue_id, priority, seq)`` to, for one statement over a batch).
+    In a queue with ``key_concurrency``, a keyed job going back with a delay is
+    held (docs/reference/semantics.md §9 "Per-key limits"), and a keyed job held or dead gives its key's
+    slot back: here, or by the caller when it passes ``freed`` (a list this
+    appends ``(queue_id, key)`` to).
     Returns the outcome ``{"state", "run_at"}``.
     """
     # The history is not read where the store appends to it in the database.
     history = () if history_on_server(conn) else ("errors",)
-    job = _fresh_job(conn, lease["job_id"], "attempts", "max_attempts", "priority", *history)
+    job = _fresh_job(conn, lease["job_id"], "attempts", "max_attempts", "priority", "concurrency_key", *history)
+    # Read after the lease lock: a configure() of the limit is done (and seen) or waits for this.
+    key = job.concurrency_key if job.queue.key_concurrency > 0 else None
+    held = False
     dead = permanent or job.attempts >= job.max_attempts
     now = lease["now"]
     entry = history_entry(now, job.attempts, kind, error, lease.get("worker", ""))
@@ -988,11 +1014,18 @@ def fail_attempt(
         delay = backoff_ms(policy_of(job.queue), job.attempts) if delay_ms is None else delay_ms
         run_at = base_ms + delay
         outcome = {"state": "scheduled" if run_at > now else "ready", "run_at": run_at}
-        changes.update(state="queued", run_at=run_at)
+        # A delayed keyed job waits held, without its slot: the key's ready jobs go first.
+        held = key is not None and run_at > now
+        changes.update(state="held" if held else "queued", run_at=run_at)
     changes["settled_outcome"] = outcome
     changes["settled_args"] = settled_args
     manager(Job).filter(seq=lease["job_id"]).update(**changes)
-    if not dead:
+    if key is not None and (dead or held):
+        if freed is None:
+            slots.give_back(conn, queue_id=job.queue.id, queue=None, freed=[key])
+        else:
+            freed.append((job.queue.id, key))
+    if not dead and not held:
         lowered = (job.queue.id, job.priority, lease["job_id"])
         if requeued is None:
             storage.for_connection(conn).lower_claim_floors(conn, [lowered])
@@ -1018,15 +1051,25 @@ def expire_leases(conn, *, queue_id: int | None = None, limit: int = 1000) -> tu
     ended = store.end_expired_leases(conn, queue_id=queue_id, limit=limit)
     expired = timed_out = dead = 0
     requeued: list = []
+    freed: list = []
     for lease in ended:
         timeout = lease["timeout_at"] is not None and lease["deadline"] >= lease["timeout_at"]
         kind = "timeout" if timeout else "expired"
         error = "timeout: the job ran past its timeout_ms" if timeout else "lease expired without ack or nack"
         outcome = fail_attempt(
-            conn, lease, kind=kind, error=error, base_ms=lease["deadline"], settled_op="expire", requeued=requeued
+            conn,
+            lease,
+            kind=kind,
+            error=error,
+            base_ms=lease["deadline"],
+            settled_op="expire",
+            requeued=requeued,
+            freed=freed,
         )
         timed_out += timeout
         expired += not timeout
         dead += outcome["state"] == "dead"
     store.lower_claim_floors(conn, requeued)  # one statement for the batch, in its transaction
+    for qid in sorted({qid for qid, _ in freed}):  # the key slots, in key order per queue
+        slots.give_back(conn, queue_id=qid, queue=None, freed=[k for q, k in freed if q == qid])
     return expired, timed_out, dead

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import conf, db, storage, validation
 from ..types import PruneResult, ReapResult
+from . import keys as slots
 from ._base import COUNTER_NAMES, add_counters, get_queue
 from .leases import expire_leases
 from .queues import expire_idle_queues
@@ -19,8 +20,9 @@ def reap(queue: str | None = None, *, limit: int = 10_000) -> ReapResult:
     deadline) or dead when out of attempts; a lease past the job's timeout is
     recorded as a timeout. ``queue`` limits the pass to one queue; ``limit``
     caps the leases handled in this call (in transactions of 1000). A pass
-    over all queues also merges counter shards (:func:`fold_counters`).
-    Raises :class:`QueueNotFound` for an unknown ``queue``.
+    over all queues also merges counter shards (:func:`fold_counters`). Held
+    jobs of keys with room whose time has come are admitted
+    (:func:`~django_fq.services.keys.wake`). Raises :class:`QueueNotFound` for an unknown ``queue``.
     """
     validation.integer(limit, "limit", 1, 10**9)
     queue_id = get_queue(queue).id if queue is not None else None
@@ -31,6 +33,9 @@ def reap(queue: str | None = None, *, limit: int = 10_000) -> ReapResult:
         expired, timed_out, dead = expired + e, timed_out + t, dead + d
         if e + t < step:
             break
+    # Held jobs of keys with room that became due (a delay, a retry backoff) are admitted now.
+    while slots.wake(queue_id=queue_id) == slots.WAKE_BATCH:
+        pass
     if queue_id is None:
         fold_counters()
     return ReapResult(expired=expired, timed_out=timed_out, dead=dead)

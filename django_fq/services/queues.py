@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .. import db, storage, validation
+from . import keys as slots
 from ..exceptions import InvalidPolicy, QueueNotFound
 from ..types import STATE_NAMES, PauseResult, QueueInfo, QueuePolicy
 from ._base import (
@@ -26,10 +27,14 @@ def configure(queue: str, **changes: int) -> QueuePolicy:
     ``max_attempts`` (1–1000), ``backoff_ms`` (0–86400000),
     ``max_backoff_ms`` (≥ backoff_ms, ≤ 30 days), ``visibility_ms``
     (1 ms–24 h), ``idempotency_retention_ms`` (1 ms–30 days), ``timeout_ms``
-    (0–7 days, 0 = none), ``ttl_ms`` (0–365 days, 0 = none: see
-    :func:`expire_idle_queues`); ``None`` values are ignored. All values are
-    checked before anything is written; a change counts as activity of the
-    queue for its time to live. Returns the resulting policy.
+    (0–7 days, 0 = none), ``key_concurrency`` (0–100000, 0 = unlimited: most
+    running jobs per concurrency key, docs/reference/semantics.md §9 "Per-key limits"),
+    ``ttl_ms`` (0–365 days, 0 = none: see :func:`expire_idle_queues`); ``None``
+    values are ignored. All values are checked before anything is written; a
+    change counts as activity of the queue for its time to live. Returns the
+    resulting policy. A change of ``key_concurrency`` waits for the queue's
+    enqueues in progress and recounts its waiting keyed jobs in the same
+    transaction (:func:`~django_fq.services.keys.rebalance`).
 
     Raises :class:`InvalidQueueName`, :class:`InvalidPolicy` (naming the field).
     """
@@ -48,11 +53,15 @@ def configure(queue: str, **changes: int) -> QueuePolicy:
         merged = {**{f: getattr(q, f) for f in POLICY_FIELDS}, **changes}
         if merged["max_backoff_ms"] < merged["backoff_ms"]:
             raise InvalidPolicy("max_backoff_ms must be at least backoff_ms", field="max_backoff_ms")
+        old_limit = q.key_concurrency
         if changes:
             for name, value in changes.items():
                 setattr(q, name, value)
             q.active_at = db.DbNow()
             q.save(using=db.connection().alias, update_fields=[*changes, "active_at"])
+        if "key_concurrency" in changes and changes["key_concurrency"] != old_limit:
+            # The jobs waiting for their keys' slots, counted again for the new limit (services.keys).
+            slots.rebalance(db.connection(), queue_id=q.id, queue=queue, limit=changes["key_concurrency"])
         return policy_of(q)
 
     return db.retrying(apply)

@@ -32,6 +32,8 @@ TOKEN_TABLE = "django_fq_token"
 PAYLOAD_TABLE = "django_fq_payload"
 #: The claim floor (:class:`~django_fq.models.ClaimFloor`), written only where :attr:`Store.supports_claim_floor`.
 FLOOR_TABLE = "django_fq_claim_floor"
+#: Per-key slots (:class:`~django_fq.models.ConcurrencyKey`; docs/explanation/storage.md#per-key-limits).
+KEY_TABLE = "django_fq_key"
 #: What a job row's ``payload`` column holds when its body is in :data:`PAYLOAD_TABLE`: no JSON
 #: text is empty, so the marker cannot be mistaken for a payload (``payload_size`` keeps the body's size).
 OFFLOADED = ""
@@ -448,6 +450,7 @@ class Store(abc.ABC):
         hash ``hashes[i]`` for the i-th job in claim order), and adds to the
         counters. ``relaxed``: the commit skips the log flush.
 
+        ``expired`` includes a key with room whose held job became due (:meth:`due_keys`).
         Returns rows ``(queue_id, concurrency, visibility_ms, expired, vis, seq,
         uid, payload, generation, attempts, max_attempts, priority, enqueued_at,
         timeout_ms, claimed_at, rn, metadata)``: no row, no such queue; ``vis`` NULL, nothing
@@ -478,7 +481,8 @@ class Store(abc.ABC):
         Returns ``(queue_id, visibility_ms, ready, expired)``: the queue's id and
         default lease length (ms), whether it has an eligible job (``queued``,
         ``run_at`` at or before the database clock; one held by another claim
-        counts; never while the queue is paused) and whether it has an expired lease; ``()`` when there is no
+        counts; never while the queue is paused) and whether it has an expired lease (or a key
+        with room whose held job became due, :meth:`due_keys`); ``()`` when there is no
         such queue. ``None`` where this is not offered (the claim then looks
         the queue up and handles expiry in its transaction, whatever it finds),
         and wherever a read could be older than the newest commit (a caller's
@@ -512,7 +516,7 @@ class Store(abc.ABC):
         """Inside a write transaction: lock the leases of queue ``queue_id`` held by jobs ``uids`` (public ids).
 
         Locks in job order (concurrent settles cannot deadlock) and waits for
-        locks others hold. Returns one dict per lease found: ``uid`` and
+        locks others hold. Returns one dict per lease found: ``uid``, the job's ``concurrency_key`` and
         :data:`LEASE_COLUMNS`, and with ``judge`` (the deadline checked under
         the locks, after they are granted) ``live`` (1 while the database clock
         is strictly before ``deadline``, else 0) and ``now`` (that clock, epoch
@@ -583,6 +587,198 @@ class Store(abc.ABC):
                 [*params, limit],
             )
             return fetch_dicts(cur)
+
+    # --- per-key limits (docs/explanation/storage.md#per-key-limits) ---------------------------
+
+    def keys_schema_sql(self, conn: Any, *, reverse: bool = False) -> list[str]:
+        """The DDL migration 0008 adds on this backend besides the models' own (empty here: the models' hold)."""
+        return []
+
+    def lock_keys(self, conn: Any, queue_id: int, keys: Sequence[str], *, create: bool) -> tuple[int, dict[str, dict]]:
+        """Inside a write transaction: lock the key rows ``keys`` of queue ``queue_id``, in key order.
+
+        With ``create``, rows missing are inserted first (``admitted`` 0).
+        Returns ``(limit, rows)``: the queue's ``key_concurrency`` read after
+        the locks are granted (so a ``configure()`` that held them is seen;
+        0 also for a queue gone), and ``{key: {"id", "admitted", "wake_at"}}``.
+        Two round trips (three with ``create``).
+        """
+        with conn.cursor() as cur:
+            if create and keys:
+                self._insert_keys(cur, queue_id, keys)
+            rows: dict[str, dict] = {}
+            if keys:
+                marks = ", ".join(["%s"] * len(keys))
+                cur.execute(
+                    f"SELECT id, concurrency_key, admitted, wake_at FROM {KEY_TABLE} WHERE queue_id = %s "
+                    f"AND concurrency_key IN ({marks}) ORDER BY concurrency_key{self.update_lock_sql}",
+                    [queue_id, *keys],
+                )
+                rows = {k: {"id": i, "admitted": a, "wake_at": w} for i, k, a, w in cur.fetchall()}
+            cur.execute(
+                f"SELECT key_concurrency FROM {QUEUE_TABLE} WHERE id = %s{self.fresh_read_sql(conn)}", [queue_id]
+            )
+            found = cur.fetchone()
+        return (found[0] if found else 0), rows
+
+    def _insert_keys(self, cur: Any, queue_id: int, keys: Sequence[str]) -> None:
+        cur.execute(
+            f"INSERT INTO {KEY_TABLE} (queue_id, concurrency_key, admitted) VALUES {', '.join(['(%s, %s, 0)'] * len(keys))} "
+            f"ON CONFLICT DO NOTHING",
+            [v for k in keys for v in (queue_id, k)],
+        )
+
+    def admit_held(self, conn: Any, *, now: str, queue_id: int, rooms: dict[str, int]) -> list[tuple[str, int, int]]:
+        """Make up to ``rooms[key]`` due held jobs of each key of queue ``queue_id`` queued, in claim order.
+
+        Due: ``run_at`` at or before now (database clock). Rows another
+        transaction holds are passed over where rows lock (a cancel, a
+        requeue). Returns ``(key, priority, seq)`` per job admitted. Here one
+        locking read per key and one ``UPDATE``.
+        """
+        picked: list[tuple[str, int, int]] = []
+        with conn.cursor() as cur:
+            for key, room in sorted(rooms.items()):
+                cur.execute(
+                    f"SELECT priority, seq FROM {JOB_TABLE} WHERE queue_id = %s AND state = 'held' "
+                    f"AND concurrency_key = %s AND run_at <= {now} ORDER BY priority DESC, seq LIMIT %s"
+                    f"{self.skip_locked_sql}",
+                    [queue_id, key, room],
+                )
+                picked += [(key, p, s) for p, s in cur.fetchall()]
+            if picked:
+                marks = ", ".join(["%s"] * len(picked))
+                cur.execute(
+                    f"UPDATE {JOB_TABLE} SET state = 'queued', changed_at = {now} WHERE seq IN ({marks})",
+                    [s for _, _, s in picked],
+                )
+        return picked
+
+    def held_wake(self, conn: Any, queue_id: int, keys: Sequence[str]) -> dict[str, int]:
+        """The earliest ``run_at`` of the held jobs of each key (keys without held jobs left out). One round trip."""
+        if not keys:
+            return {}
+        marks = ", ".join(["%s"] * len(keys))
+        with conn.cursor() as cur:
+            cur.execute(
+                f"SELECT concurrency_key, MIN(run_at) FROM {JOB_TABLE} WHERE queue_id = %s AND state = 'held' "
+                f"AND concurrency_key IN ({marks}) GROUP BY concurrency_key",
+                [queue_id, *keys],
+            )
+            return {k: int(w) for k, w in cur.fetchall()}
+
+    def write_keys(self, conn: Any, rows: Sequence[tuple[int, int, int | None]]) -> None:
+        """Set ``admitted`` and ``wake_at`` of key rows ``(id, admitted, wake_at)`` (locked by this transaction). One round trip."""
+        if not rows:
+            return
+        ids = [r[0] for r in rows]
+        cases = " ".join(["WHEN %s THEN %s"] * len(rows))
+        # -1 stands for NULL: a typed integer parameter (PostgreSQL cannot type a bare NULL in a CASE).
+        wakes = " ".join(["WHEN %s THEN NULLIF(%s, -1)"] * len(rows))
+        params: list[Any] = [v for r in rows for v in (r[0], r[1])]
+        params += [v for r in rows for v in (r[0], -1 if r[2] is None else r[2])]
+        with conn.cursor() as cur:
+            cur.execute(
+                f"UPDATE {KEY_TABLE} SET admitted = CASE id {cases} END, wake_at = CASE id {wakes} END "
+                f"WHERE id IN ({', '.join(['%s'] * len(ids))})",
+                [*params, *ids],
+            )
+
+    def set_job_keys(self, conn: Any, *, queue_id: int, jobs: Sequence[tuple[str, str, bool]]) -> None:
+        """Give jobs just inserted by this transaction their key: ``(uid, concurrency_key, held)`` each.
+
+        ``held``: the job's state becomes ``held`` (it waits for a slot of its
+        key; :meth:`admit_held` may admit it next). One round trip.
+        """
+        if not jobs:
+            return
+        keys = " ".join(["WHEN %s THEN %s"] * len(jobs))
+        held = [uid for uid, _, h in jobs if h]
+        state = f"CASE WHEN uid IN ({', '.join(['%s'] * len(held))}) THEN 'held' ELSE state END" if held else "state"
+        with conn.cursor() as cur:
+            cur.execute(
+                f"UPDATE {JOB_TABLE} SET concurrency_key = CASE uid {keys} END, state = {state} "
+                f"WHERE queue_id = %s AND uid IN ({', '.join(['%s'] * len(jobs))})",
+                [*(v for uid, key, _ in jobs for v in (uid, key)), *held, queue_id, *(uid for uid, _, _ in jobs)],
+            )
+
+    def hold_jobs(self, conn: Any, seqs: Sequence[int], *, now: str) -> None:
+        """Make queued jobs ``seqs`` (locked by this transaction) ``held``. One round trip."""
+        if seqs:
+            with conn.cursor() as cur:
+                cur.execute(
+                    f"UPDATE {JOB_TABLE} SET state = 'held', changed_at = {now} "
+                    f"WHERE state = 'queued' AND seq IN ({', '.join(['%s'] * len(seqs))})",
+                    list(seqs),
+                )
+
+    def due_keys(self, conn: Any, *, now: str, queue_id: int | None, limit: int) -> list[tuple[int, str]]:
+        """``(queue_id, key)`` of up to ``limit`` key rows whose ``wake_at`` has come (only queue ``queue_id``'s unless None).
+
+        A plain read, soonest first (the caller locks the rows and decides). One round trip.
+        """
+        where, params = ("AND queue_id = %s ", [queue_id]) if queue_id is not None else ("", [])
+        with conn.cursor() as cur:
+            cur.execute(
+                f"SELECT queue_id, concurrency_key FROM {KEY_TABLE} WHERE wake_at <= {now} {where}"
+                f"ORDER BY wake_at LIMIT %s",
+                [*params, limit],
+            )
+            return [(q, k) for q, k in cur.fetchall()]
+
+    def key_census(self, conn: Any, queue_id: int) -> list[tuple[int, str, str, int, int]]:
+        """Inside a write transaction holding the queue row exclusively: lock and list the queue's keyed active jobs.
+
+        The leases of its keyed running jobs are locked first (the settles'
+        order: lease, then job), then its keyed ``queued`` and ``running``
+        jobs; so a settle, a claim or a cancel in flight is waited for, and
+        the states returned are the newest. Returns ``(seq, key, state,
+        priority, run_at)`` of each keyed ``queued``, ``running`` or ``held``
+        job (held ones unlocked). Three round trips.
+        """
+        lock = self.update_lock_sql
+        with conn.cursor() as cur:
+            cur.execute(
+                f"SELECT job_id FROM {LEASE_TABLE} WHERE queue_id = %s AND job_id IN (SELECT seq FROM {JOB_TABLE} "
+                f"WHERE queue_id = %s AND state = 'running' AND concurrency_key IS NOT NULL) ORDER BY job_id{lock}",
+                [queue_id, queue_id],
+            )
+            cur.fetchall()
+            cur.execute(
+                f"SELECT seq FROM {JOB_TABLE} WHERE queue_id = %s AND state IN ('queued', 'running') "
+                f"AND concurrency_key IS NOT NULL ORDER BY seq{lock}",
+                [queue_id],
+            )
+            cur.fetchall()
+            cur.execute(
+                f"SELECT seq, concurrency_key, state, priority, run_at FROM {JOB_TABLE} WHERE queue_id = %s "
+                f"AND state IN ('queued', 'running', 'held') AND concurrency_key IS NOT NULL",
+                [queue_id],
+            )
+            return [(s, k, st, p, r) for s, k, st, p, r in cur.fetchall()]
+
+    def release_held(self, conn: Any, *, now: str, queue_id: int) -> list[tuple[int, int, int]]:
+        """Make every held job of queue ``queue_id`` queued (its limit is gone).
+
+        Returns ``(queue_id, priority, smallest seq)`` per priority made queued, for
+        :meth:`lower_claim_floors`. Two round trips.
+        """
+        with conn.cursor() as cur:
+            cur.execute(
+                f"SELECT priority, MIN(seq) FROM {JOB_TABLE} WHERE queue_id = %s AND state = 'held' GROUP BY priority",
+                [queue_id],
+            )
+            lowest = [(queue_id, p, s) for p, s in cur.fetchall()]
+            cur.execute(
+                f"UPDATE {JOB_TABLE} SET state = 'queued', changed_at = {now} WHERE queue_id = %s AND state = 'held'",
+                [queue_id],
+            )
+        return lowest
+
+    def delete_keys(self, conn: Any, queue_id: int) -> None:
+        """Delete the key rows of queue ``queue_id`` (waiting for a holder of one). One round trip."""
+        with conn.cursor() as cur:
+            cur.execute(f"DELETE FROM {KEY_TABLE} WHERE queue_id = %s", [queue_id])
 
     # --- the claim floor (only where supports_claim_floor) ----------------------------------
 
@@ -801,8 +997,8 @@ class Store(abc.ABC):
         marks = ", ".join(["%s"] * len(keys))
         with conn.cursor() as cur:
             cur.execute(
-                f"SELECT unique_key, uid FROM {JOB_TABLE} WHERE queue_id = %s AND state IN ('queued', 'running') "
-                f"AND unique_key IN ({marks})",
+                f"SELECT unique_key, uid FROM {JOB_TABLE} WHERE queue_id = %s "
+                f"AND state IN ('queued', 'running', 'held') AND unique_key IN ({marks})",
                 [queue_id, *keys],
             )
             return dict(cur.fetchall())
@@ -919,9 +1115,9 @@ class Store(abc.ABC):
 
         Jobs first: a claim in flight holds some job rows, so this waits for
         it to commit, and the leases it wrote are then seen (and deleted) by
-        the next statement. Five round trips (six with a claim floor).
+        the next statement. Six round trips (seven with a claim floor).
         """
-        tables: tuple[str, ...] = (JOB_TABLE, LEASE_TABLE, TOKEN_TABLE, COUNTER_TABLE)
+        tables: tuple[str, ...] = (JOB_TABLE, LEASE_TABLE, TOKEN_TABLE, COUNTER_TABLE, KEY_TABLE)
         if self.supports_claim_floor:
             tables += (FLOOR_TABLE,)
         with conn.cursor() as cur:

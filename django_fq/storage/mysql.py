@@ -26,6 +26,7 @@ from .base import (
     CLEAR_PROGRESS_SQL,
     COUNTER_TABLE,
     JOB_TABLE,
+    KEY_TABLE,
     LEASE_COLUMNS,
     LEASE_TABLE,
     OFFLOADED,
@@ -424,6 +425,52 @@ class MysqlStore(Store):
             ]
         return [f"ALTER TABLE {table} {', '.join(parts)}" for table, parts in changes.items()]
 
+    def keys_schema_sql(self, conn: Any, *, reverse: bool = False) -> list[str]:
+        """Migration 0008 here: binary key columns, the active-unique-key column with ``held``, the held index.
+
+        As migration 0003 did for the older columns (:meth:`schema_sql`): the
+        concurrency keys compare byte for byte; a held job keeps its unique key
+        (the generated column is recomputed, so the job table is rebuilt once);
+        and the held jobs' index leads with ``state``, which does what the
+        models' condition does elsewhere. Reverse: the active-key column of 0003
+        again (Django drops the rest with the columns and the index).
+        """
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() "
+                "AND TABLE_NAME = %s AND COLUMN_NAME = 'unique_key'",
+                [JOB_TABLE],
+            )
+            key_type = cur.fetchone()[0]
+        collate = f" CHARACTER SET utf8mb4 COLLATE {self.binary_collation(conn)}"
+        states = "'queued', 'running'" if reverse else "'queued', 'running', 'held'"
+        job = [
+            f"DROP INDEX {ACTIVE_KEY_INDEX}",
+            f"DROP COLUMN {ACTIVE_KEY_COLUMN}",
+            f"ADD COLUMN {ACTIVE_KEY_COLUMN} {key_type}{collate} "
+            f"AS (CASE WHEN state IN ({states}) THEN unique_key END) STORED",
+            f"ADD UNIQUE INDEX {ACTIVE_KEY_INDEX} (queue_id, {ACTIVE_KEY_COLUMN})",
+        ]
+        if reverse:
+            return [f"ALTER TABLE {JOB_TABLE} {', '.join(job)}"]
+        job += [
+            f"MODIFY concurrency_key varchar(200){collate} NULL",
+            "DROP INDEX fq_job_key_held",
+            "ADD INDEX fq_job_key_held (queue_id, state, concurrency_key, priority DESC, seq)",
+        ]
+        return [
+            f"ALTER TABLE {JOB_TABLE} {', '.join(job)}",
+            f"ALTER TABLE {KEY_TABLE} MODIFY concurrency_key varchar(200){collate} NOT NULL",
+        ]
+
+    def _insert_keys(self, cur: Any, queue_id: int, keys: Sequence[str]) -> None:
+        # INSERT IGNORE: no ON CONFLICT here; the only index a new key row can meet is (queue, key).
+        cur.execute(
+            f"INSERT IGNORE INTO {KEY_TABLE} (queue_id, concurrency_key, admitted) "
+            f"VALUES {', '.join(['(%s, %s, 0)'] * len(keys))}",
+            [v for k in keys for v in (queue_id, k)],
+        )
+
     def prepare_connection(self, conn: Any) -> None:
         # UNIX_TIMESTAMP() reads SYSDATE()'s local time back in the session time zone: in a
         # zone with daylight saving time the hour that repeats in autumn maps to two instants.
@@ -511,7 +558,8 @@ class MysqlStore(Store):
         return "deadlock found" in text or "lock wait timeout exceeded" in text
 
     def claim_facts(self, conn: Any, queue_name: str) -> tuple | None:
-        """One round trip, in autocommit only: the queue, and whether it has an eligible job or an expired lease.
+        """One round trip, in autocommit only: the queue, and whether it has an eligible job or an expired lease
+        (or, with ``key_concurrency``, a key whose held job has become due: that counts as expired).
 
         The claim's transaction costs seven round trips even when it finds
         nothing (autocommit off, expiry read, limit read, job read, commit,
@@ -538,6 +586,8 @@ class MysqlStore(Store):
                 f"SELECT q.id, q.visibility_ms, NOT q.paused AND EXISTS (SELECT 1 FROM {JOB_TABLE} j "
                 f"FORCE INDEX (fq_job_claim) WHERE j.queue_id = q.id AND j.state = 'queued' AND j.run_at <= {now}), "
                 f"COALESCE((SELECT MIN(l.deadline) FROM {LEASE_TABLE} l WHERE l.queue_id = q.id) <= {now}, 0) "
+                f"OR (q.key_concurrency > 0 AND EXISTS (SELECT 1 FROM {KEY_TABLE} k WHERE k.queue_id = q.id "
+                f"AND k.wake_at <= {now})) "
                 f"FROM {QUEUE_TABLE} q WHERE q.name = %s",
                 [queue_name],
             )
@@ -676,8 +726,12 @@ class MysqlStore(Store):
         marks = ", ".join(["%s"] * len(uids))
         with conn.cursor() as cur:
             # A job's uid, queue and seq never change: a plain read is enough.
-            cur.execute(f"SELECT seq, uid FROM {job} WHERE queue_id = %s AND uid IN ({marks})", [queue_id, *uids])
-            uid_of = dict(cur.fetchall())
+            cur.execute(
+                f"SELECT seq, uid, concurrency_key FROM {job} WHERE queue_id = %s AND uid IN ({marks})", [queue_id, *uids]
+            )
+            found = cur.fetchall()
+            uid_of = {seq: uid for seq, uid, _ in found}
+            key_of = {seq: key for seq, _, key in found}
             if not uid_of:
                 return []
             seqs = sorted(uid_of)
@@ -695,6 +749,7 @@ class MysqlStore(Store):
             rows = fetch_dicts(cur)
         for row in rows:
             row["uid"] = uid_of[row["job_id"]]
+            row["concurrency_key"] = key_of[row["job_id"]]
         return rows
 
     def mark_acked(self, conn: Any, *, now: int, acks: Sequence[tuple[int, str | None, str, str]]) -> None:
@@ -990,7 +1045,7 @@ class MysqlStore(Store):
             cur.execute(f"SELECT seq FROM {JOB_TABLE} WHERE queue_id = %s FOR UPDATE", [queue_id])
             cur.fetchall()
             self._delete_queue_bodies(cur, queue_id)
-            for table in (LEASE_TABLE, JOB_TABLE, TOKEN_TABLE, COUNTER_TABLE):
+            for table in (LEASE_TABLE, JOB_TABLE, TOKEN_TABLE, COUNTER_TABLE, KEY_TABLE):
                 cur.execute(f"DELETE FROM {table} WHERE queue_id = %s", [queue_id])
             cur.execute(f"DELETE FROM {QUEUE_TABLE} WHERE id = %s", [queue_id])
 

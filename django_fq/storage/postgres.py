@@ -22,6 +22,7 @@ from .base import (
     COUNTER_TABLE,
     FLOOR_TABLE,
     JOB_TABLE,
+    KEY_TABLE,
     LEASE_TABLE,
     QUEUE_TABLE,
     TAKEN_COLUMNS,
@@ -55,15 +56,19 @@ _ACKED_JSON = ACKED_JSON
 # the dead entries of acked leases, whose deadlines are still ahead, are not walked either. The
 # claim time (``c2``) is read after the job locks, so after this transaction has its id:
 # the floor's lease rule relies on it (docs/explanation/storage.md#the-claim-floor).
+# ``expired`` also says that a held job of a key with room has become due (a queue with
+# key_concurrency only; the CASE reads nothing otherwise): the slower path admits it first.
 _CLAIM_PG = """
-WITH q0 AS (SELECT id, concurrency, visibility_ms, paused FROM {queue} WHERE name = %(name)s),
+WITH q0 AS (SELECT id, concurrency, visibility_ms, paused, key_concurrency FROM {queue} WHERE name = %(name)s),
 fl AS (
     SELECT COALESCE(MAX(f.priority), 0) AS p, COALESCE(MAX(f.seq), 0) AS s, COALESCE(MAX(f.lease_from), 0) AS lf
     FROM {floor} f WHERE f.queue_id = (SELECT id FROM q0)),
 q AS (
     SELECT q0.id, q0.concurrency, q0.visibility_ms, q0.paused,
         EXISTS (SELECT 1 FROM {lease} l
-            WHERE l.queue_id = q0.id AND l.deadline >= fl.lf AND l.deadline <= (SELECT {now})) AS expired
+            WHERE l.queue_id = q0.id AND l.deadline >= fl.lf AND l.deadline <= (SELECT {now}))
+        OR CASE WHEN q0.key_concurrency > 0 THEN EXISTS (SELECT 1 FROM {keys} k
+            WHERE k.wake_at <= (SELECT {now}) AND k.queue_id = q0.id) ELSE false END AS expired
     FROM q0 CROSS JOIN fl),
 go AS (
     SELECT id, COALESCE(%(vis)s::bigint, visibility_ms) AS vis FROM q
@@ -156,6 +161,8 @@ spare AS (
 
 # The common ack on PostgreSQL as one statement: lock the leases the receipts
 # name (in job order), read the clock once the locks are held, then the tail.
+# A job with a concurrency key is left to the general ack, which gives its key's
+# slot back in the same transaction (the key never changes, so the snapshot's is right).
 _ACK_MATCHING_PG = (
     """
 WITH q AS (SELECT id FROM {queue} WHERE name = %(queue)s),
@@ -164,6 +171,7 @@ v AS (
     SELECT l.job_id AS seq, r.uid, r.result, r.args
     FROM r JOIN {job} j ON j.uid = r.uid JOIN {lease} l ON l.job_id = j.seq
     WHERE l.queue_id = (SELECT id FROM q) AND l.generation = r.gen AND l.receipt_hash = r.hash
+        AND j.concurrency_key IS NULL
     ORDER BY l.job_id FOR UPDATE OF l),
 c AS (SELECT {now} AS t FROM (SELECT COUNT(*) FROM v) AS after_locks{relax}),"""
     + _ACK_TAIL
@@ -339,7 +347,7 @@ class PostgresStore(Store):
         relax = " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed" if relaxed else ""
         sql = _CLAIM_PG.format(
             now=db.now_sql(conn), clear=CLEAR_PROGRESS_SQL, relax=relax, queue=queue, job=job, lease=lease,
-            counter=counter, floor=FLOOR_TABLE,
+            counter=counter, floor=FLOOR_TABLE, keys=KEY_TABLE,
         )
         with self.hot_cursor(conn) as cur:
             cur.execute(
@@ -477,6 +485,28 @@ class PostgresStore(Store):
                 [[j[0] for j in jobs], [j[1] for j in jobs], [j[2] for j in jobs]],
             )
 
+    def admit_held(self, conn: Any, *, now: str, queue_id: int, rooms: dict[str, int]) -> list[tuple[str, int, int]]:
+        """:meth:`Store.admit_held` as one statement over every key: a ``LATERAL`` read of each key's held jobs.
+
+        Each key's read walks the held index in claim order from its start and
+        stops after its room, so a key with a hundred thousand held jobs costs
+        what a key with one does.
+        """
+        if not rooms:
+            return []
+        keys = sorted(rooms)
+        with conn.cursor() as cur:
+            cur.execute(
+                f"WITH c AS (SELECT {now} AS t), r AS (SELECT * FROM unnest(%s::text[], %s::int[]) AS r(k, room)), "
+                f"p AS (SELECT r.k, h.priority, h.seq FROM r CROSS JOIN LATERAL (SELECT priority, seq FROM {JOB_TABLE} "
+                f"WHERE queue_id = %s AND state = 'held' AND concurrency_key = r.k AND run_at <= (SELECT t FROM c) "
+                f"ORDER BY priority DESC, seq LIMIT r.room FOR UPDATE SKIP LOCKED) AS h), "
+                f"u AS (UPDATE {JOB_TABLE} j SET state = 'queued', changed_at = (SELECT t FROM c) FROM p "
+                f"WHERE j.seq = p.seq RETURNING p.k, p.priority, p.seq) SELECT k, priority, seq FROM u",
+                [keys, [rooms[k] for k in keys], queue_id],
+            )
+            return [(k, p, s) for k, p, s in cur.fetchall()]
+
     def take_jobs(self, conn: Any, *, queue_id: int, count: int, concurrency: int, worker: str, cap: int) -> list[dict]:
         """Up to four round trips: the limit re-read under ``FOR NO KEY UPDATE`` and the live leases counted
         (only with a limit), the jobs locked ``FOR UPDATE SKIP LOCKED``, then one ``UPDATE … RETURNING``."""
@@ -560,7 +590,7 @@ class PostgresStore(Store):
 
         job, lease = JOB_TABLE, LEASE_TABLE
         now = db.now_sql(conn)
-        columns = "l.job_id, l.generation, l.receipt_hash, l.claimed_at, l.deadline, l.timeout_at, l.worker, j.uid"
+        columns = "l.job_id, l.generation, l.receipt_hash, l.claimed_at, l.deadline, l.timeout_at, l.worker, j.uid, j.concurrency_key"
         match = f"FROM {lease} l JOIN {job} j ON j.seq = l.job_id WHERE l.queue_id = %s AND j.uid = ANY(%s)"
         with self.hot_cursor(conn) as cur:
             # Lock first, then judge the deadline: a verdict computed while

@@ -201,7 +201,7 @@ class SqliteStore(Store):
 
         job, lease = JOB_TABLE, LEASE_TABLE
         now = db.now_sql(conn)
-        columns = "l.job_id, l.generation, l.receipt_hash, l.claimed_at, l.deadline, l.timeout_at, l.worker, j.uid"
+        columns = "l.job_id, l.generation, l.receipt_hash, l.claimed_at, l.deadline, l.timeout_at, l.worker, j.uid, j.concurrency_key"
         marks = ", ".join(["%s"] * len(uids))
         with self.hot_cursor(conn) as cur:
             cur.execute(

@@ -37,7 +37,7 @@ from .history import attempt_history
 
 #: Per-task options, accepted by ``@task(...)`` (``FqTask`` fields), ``FqTask.using()``,
 #: backend ``OPTIONS`` (defaults for every task) and ``OPTIONS["tasks"][path]``.
-TASK_OPTIONS = ("max_attempts", "timeout_ms", "idempotency_retention_ms", "unique_key", "idempotency")
+TASK_OPTIONS = ("max_attempts", "timeout_ms", "idempotency_retention_ms", "unique_key", "idempotency", "concurrency_key")
 _INT_OPTIONS = ("max_attempts", "timeout_ms", "idempotency_retention_ms")
 #: Keys the backend's ``OPTIONS`` may hold.
 BACKEND_OPTIONS = frozenset({"enqueue_on_commit", "queue_prefix", "tasks", *TASK_OPTIONS})
@@ -129,8 +129,10 @@ class FqTask(tasks.Task):
         build_report.using(idempotency=f"report-{rid}-{day}").enqueue(rid)
 
     ``max_attempts``, ``timeout_ms`` and ``idempotency_retention_ms`` are
-    integers with the bounds of the queue policy; ``unique_key`` and
-    ``idempotency`` are a ``str.format`` template over the call's arguments
+    integers with the bounds of the queue policy; ``unique_key``,
+    ``idempotency`` and ``concurrency_key`` (at most the queue's
+    ``key_concurrency`` jobs of one key run at once, e.g.
+    ``concurrency_key="customer-{customer_id}"``) are a ``str.format`` template over the call's arguments
     (``{0}``, ``{user_id}``, ``{task}`` for the task's path) or a callable
     taking the task's ``*args, **kwargs`` and returning a string (or ``None``
     for no key). ``None`` leaves an option to the backend's ``OPTIONS``.
@@ -141,6 +143,7 @@ class FqTask(tasks.Task):
     idempotency_retention_ms: int | None = None
     unique_key: str | Callable[..., str | None] | None = None
     idempotency: str | Callable[..., str | None] | None = None
+    concurrency_key: str | Callable[..., str | None] | None = None
 
     def using(self, *, priority=None, queue_name=None, run_after=None, backend=None, **options):
         """A copy with other defaults; besides Django's four, any of :data:`TASK_OPTIONS`."""
@@ -531,7 +534,7 @@ class FqBackend(tasks.BaseTaskBackend):
 
 
 def _resolve_key(name: str, value: Any, task, args: list, kwargs: dict) -> str | None:
-    """A ``unique_key`` / ``idempotency`` value for one call: a template filled in, or a callable's answer."""
+    """A ``unique_key`` / ``idempotency`` / ``concurrency_key`` value for one call: a template filled in, or a callable's answer."""
     if callable(value):
         key = value(*args, **kwargs)
     else:
@@ -546,6 +549,6 @@ def _resolve_key(name: str, value: Any, task, args: list, kwargs: dict) -> str |
     if not isinstance(key, str):
         raise tasks.InvalidTask(f"{task.module_path}: {name} must be a string, got {type(key).__name__}")
     try:
-        return validation.key(key, name)
+        return validation.concurrency_key(key, name) if name == "concurrency_key" else validation.key(key, name)
     except InvalidArgument as exc:
         raise tasks.InvalidTask(f"{task.module_path}: {exc.message}") from None

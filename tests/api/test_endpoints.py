@@ -30,6 +30,7 @@ POLICY_DEFAULTS = {
     "idempotency_retention_ms": 300_000,
     "timeout_ms": 0,
     "ttl_ms": 0,
+    "key_concurrency": 0,
 }
 EPOCH_2020_MS = 1_577_836_800_000
 

@@ -302,3 +302,22 @@ for _queue in ("t.actl", "t.actl.b"):
     handler(_queue)(acontrolled)
 from . import fq_handlers_batch  # noqa: E402, F401, I001 - the batch handlers (docs/how-to/batch-handlers.md)
 from . import fq_handlers_procpool  # noqa: E402, F401 - the --pool processes tests
+
+
+# --- per-key concurrency (tests/worker/test_keys.py) ------------------------------------------
+
+
+@handler("t.keys")
+def keyed(job):
+    """Sleep ``payload["sleep_ms"]``, then append a ``run`` line with the run's start and end by the database clock.
+
+    ``payload["key"]`` is the job's concurrency key, repeated so the line names it.
+    """
+    from django_fq import db
+
+    p = job.payload or {}
+    start = db.db_now_ms()
+    time.sleep(p.get("sleep_ms", 0) / 1000)
+    end = db.db_now_ms()
+    _event(job, p.get("events"), "run", key=p.get("key"), start=start, end=end)
+    return {"ok": True}

@@ -52,6 +52,8 @@ OPTION_OF_FIELD = {
     "idempotency": "--idempotency",
     "idempotency_retention_ms": "--idempotency-retention",
     "unique_key": "--unique-key",
+    "concurrency_key": "--concurrency-key",
+    "key_concurrency": "--key-concurrency",
     "max_attempts": "--max-attempts",
     "timeout_ms": "--timeout",
     "concurrency": "--concurrency",
@@ -85,6 +87,7 @@ POLICY_OPTIONS = (
     ("idempotency-retention", "idempotency_retention_ms", "MS", "how long an idempotency token deduplicates (1 ms - 30 days)"),
     ("timeout", "timeout_ms", "MS", "a running job past this fails with a timeout (0-7 days, 0 = none)"),
     ("ttl", "ttl_ms", "MS", "delete the queue once empty and idle this long (0-365 days, 0 = never)"),
+    ("key-concurrency", "key_concurrency", "N", "jobs of one concurrency key running at once (0-100000, 0 = unlimited)"),
 )
 
 
@@ -177,7 +180,8 @@ class Command(BaseCommand):
             "enqueue-many",
             "Add many jobs in one transaction (all or nothing) from a JSON array of envelopes or JSON lines "
             '(one envelope per line). An envelope is {"payload": ..., "priority", "delay_ms", "at", '
-            '"idempotency", "idempotency_retention_ms", "unique_key", "max_attempts", "timeout_ms", "metadata"}.',
+            '"idempotency", "idempotency_retention_ms", "unique_key", "max_attempts", "timeout_ms", "metadata", '
+            '"concurrency_key"}.',
         )
         queue(p)
         p.add_argument("source", metavar="SOURCE", help="file path, or - to read stdin")
@@ -298,6 +302,7 @@ class Command(BaseCommand):
         p.add_argument("--idempotency", metavar="TOKEN", help="deduplicate enqueues with this token")
         p.add_argument("--idempotency-retention", dest="idempotency_retention_ms", type=_integer, metavar="MS", help="token lifetime (default: the queue's policy)")
         p.add_argument("--unique-key", dest="unique_key", metavar="KEY", help="coalesce onto the active job holding this key")
+        p.add_argument("--concurrency-key", dest="concurrency_key", metavar="KEY", help="1-200 characters; at most the queue's key_concurrency jobs of one key run at once")
         p.add_argument("--max-attempts", dest="max_attempts", type=_integer, metavar="N", help="1-1000 (default: the queue's policy)")
         p.add_argument("--timeout", dest="timeout_ms", type=_integer, metavar="MS", help="0 - 7 days, 0 = none (default: the queue's policy)")
         p.add_argument("--metadata", metavar="JSON", help='job metadata, a JSON object (e.g. \'{"tenant": "acme", "tags": ["eu"]}\'); at most FQ_MAX_METADATA_BYTES')
@@ -425,6 +430,7 @@ class Command(BaseCommand):
             max_attempts=o["max_attempts"],
             timeout_ms=o["timeout_ms"],
             metadata=cast(dict, metadata),
+            concurrency_key=o["concurrency_key"],
         )
         self._emit(_enqueued(res), _enqueued_line)
 
@@ -830,6 +836,7 @@ def _job_text(d: dict) -> str:
         ("lease_deadline", _when(d["lease_deadline"])),
         ("timeout_ms", d["timeout_ms"]),
         ("unique_key", d["unique_key"] or "-"),
+        ("concurrency_key", d["concurrency_key"] or "-"),
         ("idempotency", d["idempotency"] or "-"),
         ("worker", d["worker"] or "-"),
         ("progress", _progress_text(d)),

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_fq", "0007_claim_floor"),
+        ("django_fq", "0008_concurrency_keys"),
     ]
 
     operations = [
