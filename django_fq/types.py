@@ -57,6 +57,10 @@ class QueuePolicy:
     visibility_ms: int = 30_000
     idempotency_retention_ms: int = 300_000
     timeout_ms: int = 0
+    #: Claims allowed in any window of ``rate_window_ms`` (a claim of k jobs counts k); 0 = no rate limit
+    #: (docs/reference/semantics.md §9 "Rate limits").
+    rate_limit: int = 0
+    rate_window_ms: int = 1000
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,25 @@ class ClaimedJob:
     enqueued_at: int
     claimed_at: int
     metadata: dict | None = None
+
+
+class ClaimedJobs(list):
+    """What ``claim`` returns: a list of :class:`ClaimedJob`, plus when a rate limit lets the next one through.
+
+    ``rate_wait_ms`` is 0 unless the queue's rate limit
+    (docs/reference/semantics.md §9 "Rate limits") stopped this claim short of
+    ``count``; then it is how long after the claim's reading of the database
+    clock the next job may be claimed, and ``rate_limited_until`` that instant
+    (epoch ms, database clock). A claim made earlier gets no job of the queue.
+    """
+
+    rate_wait_ms: int = 0
+    rate_limited_until: int | None = None
+
+    def __init__(self, jobs=(), *, rate_wait_ms: int = 0, rate_limited_until: int | None = None):
+        super().__init__(jobs)
+        self.rate_wait_ms = rate_wait_ms
+        self.rate_limited_until = rate_limited_until
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,8 @@ POLICY_BOUNDS = {
     "visibility_ms": (1, DAY_MS),
     "idempotency_retention_ms": (1, 30 * DAY_MS),
     "timeout_ms": (0, 7 * DAY_MS),
+    "rate_limit": (0, 1_000_000),
+    "rate_window_ms": (1, DAY_MS),
 }
 #: Longest enqueue delay, and furthest ``at`` from now: 10 years (docs/reference/semantics.md §9).
 MAX_DELAY_MS = 3653 * DAY_MS
