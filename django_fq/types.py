@@ -179,6 +179,8 @@ class JobInfo:
     ``progress_at`` (epoch ms, database clock) are the last progress report
     of the job's current or latest run (``None``, ``""``, ``None`` before its
     first report; a new attempt starts with none; docs/how-to/progress.md).
+    ``snoozes``: how often the job was snoozed since its enqueue or last
+    ``retry`` (at most 1,000; docs/reference/semantics.md §9 "Verbs and arguments").
     """
 
     id: str
@@ -206,6 +208,7 @@ class JobInfo:
     progress: float | None = None
     progress_message: str = ""
     progress_at: int | None = None
+    snoozes: int = 0
 
 
 @dataclass(frozen=True)

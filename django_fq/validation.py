@@ -50,6 +50,8 @@ POLICY_BOUNDS = {
 }
 #: Longest enqueue delay, and furthest ``at`` from now: 10 years (docs/reference/semantics.md §9).
 MAX_DELAY_MS = 3653 * DAY_MS
+#: Most snoozes of one job, counted from its enqueue or its last retry (docs/reference/semantics.md §9).
+MAX_SNOOZES = 1000
 #: Longest nack delay: 30 days (docs/reference/semantics.md §9).
 MAX_NACK_DELAY_MS = 30 * DAY_MS
 #: Visibility bounds for claims and extensions: 1 ms – 24 h (docs/reference/semantics.md §5).

@@ -37,12 +37,14 @@ _MEANING = {
     "visibility_ms": "default lease length of a claim, in ms",
     "idempotency_retention_ms": "how long an idempotency token deduplicates, in ms",
     "timeout_ms": "a running job past this is failed with a timeout, in ms; 0 = none",
+    "rate_limit": "claims allowed in any window of the rate window, across all workers; 0 = no rate limit",
+    "rate_window_ms": "the rate limit's sliding window, in ms",
 }
 
 
 def _help(name: str) -> str:
     lo, hi = POLICY_BOUNDS[name]
-    unit = "" if name in ("concurrency", "max_attempts") else f" ({display.duration(lo)} – {display.duration(hi)})"
+    unit = "" if name in ("concurrency", "max_attempts", "rate_limit") else f" ({display.duration(lo)} – {display.duration(hi)})"
     return f"{_MEANING[name]}. Allowed: {lo}–{hi}{unit}."
 
 

@@ -68,6 +68,8 @@ class PolicySerializer(serializers.Serializer):
     visibility_ms = _int(*POLICY_BOUNDS["visibility_ms"])
     idempotency_retention_ms = _int(*POLICY_BOUNDS["idempotency_retention_ms"])
     timeout_ms = _int(*POLICY_BOUNDS["timeout_ms"], help_text="0 = none")
+    rate_limit = _int(*POLICY_BOUNDS["rate_limit"], help_text="claims allowed in any window of rate_window_ms; 0 = none")
+    rate_window_ms = _int(*POLICY_BOUNDS["rate_window_ms"], help_text="the rate limit's sliding window")
 
 
 class PolicyInputSerializer(serializers.Serializer):
@@ -81,6 +83,8 @@ class PolicyInputSerializer(serializers.Serializer):
     visibility_ms = _int(*POLICY_BOUNDS["visibility_ms"], required=False, allow_null=True)
     idempotency_retention_ms = _int(*POLICY_BOUNDS["idempotency_retention_ms"], required=False, allow_null=True)
     timeout_ms = _int(*POLICY_BOUNDS["timeout_ms"], required=False, allow_null=True)
+    rate_limit = _int(*POLICY_BOUNDS["rate_limit"], required=False, allow_null=True)
+    rate_window_ms = _int(*POLICY_BOUNDS["rate_window_ms"], required=False, allow_null=True)
 
 
 class QueueConfigSerializer(PolicySerializer):
@@ -265,6 +269,7 @@ class JobListedSerializer(serializers.Serializer):
     progress = serializers.FloatField(allow_null=True, help_text="the last progress report: a percentage, 0-100")
     progress_message = serializers.CharField(allow_blank=True)
     progress_at = _epoch_ms(allow_null=True)
+    snoozes = serializers.IntegerField(help_text="snoozes since the enqueue or the last retry (at most 1000)")
 
 
 class JobSerializer(JobListedSerializer):

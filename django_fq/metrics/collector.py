@@ -83,6 +83,11 @@ class QueueCollector:
             "The queue's concurrency policy: most jobs running at once (0 = unlimited).",
             labels=["queue"],
         )
+        rate = GaugeMetricFamily(
+            "fq_queue_rate_limit_per_second",
+            "The queue's rate limit: rate_limit claims per rate_window_ms, as claims per second (0 = no rate limit).",
+            labels=["queue"],
+        )
         paused = GaugeMetricFamily(
             "fq_queue_paused",
             f'1 while the queue is paused (claims hand out no job), else 0; for queue="{OTHER}" the number of '
@@ -137,6 +142,7 @@ class QueueCollector:
                 other["age"] = max(other.get("age", 0), age)
                 continue
             limit.add_metric([name], info.policy.concurrency)
+            rate.add_metric([name], info.policy.rate_limit * 1000 / info.policy.rate_window_ms)
             _add(jobs, ready_age, overdue, totals, wait, run, name, values, age)
             paused.add_metric([name], values["paused"])
         if folded:
@@ -147,6 +153,7 @@ class QueueCollector:
 
         yield jobs
         yield limit
+        yield rate
         yield paused
         yield ready_age
         yield overdue

@@ -21,7 +21,7 @@ FINAL_STATES = frozenset({"succeeded", "dead", "cancelled"})
 _LIST_FIELDS = (
     "uid", "state", "priority", "run_at", "enqueued_at", "changed_at", "attempts", "max_attempts",
     "timeout_ms", "unique_key", "idempotency", "last_error", "claimed_at", "finished_at", "worker", "metadata", "tags",
-    "progress", "progress_message", "progress_at",
+    "progress", "progress_message", "progress_at", "snoozes",
 )  # fmt: skip
 
 
@@ -66,6 +66,7 @@ def _info(row: dict, queue: str, *, full: bool) -> JobInfo:
         progress=row["progress"],
         progress_message=row["progress_message"],
         progress_at=row["progress_at"],
+        snoozes=row["snoozes"],
         **extra,
     )
 
@@ -216,7 +217,7 @@ def stats(queue: str) -> QueueStats:
 
 
 def retry(queue: str, job_id: str) -> JobInfo:
-    """Make a dead job ready again now with attempts reset to 0 (its old receipts stay invalid).
+    """Make a dead job ready again now with attempts and snoozes reset to 0 (its old receipts stay invalid).
 
     Raises :class:`JobNotFound`, :class:`InvalidState` (not dead, or its
     unique_key is now held by another active job, named in the error).
@@ -232,7 +233,7 @@ def retry(queue: str, job_id: str) -> JobInfo:
         try:
             with transaction.atomic(using=conn.alias):
                 manager(Job).filter(seq=job.seq).update(
-                    state="queued", attempts=0, run_at=db.DbNow(), changed_at=db.DbNow(), finished_at=None
+                    state="queued", attempts=0, snoozes=0, run_at=db.DbNow(), changed_at=db.DbNow(), finished_at=None
                 )
                 # It keeps its sequence number, which the claim floor may have passed.
                 storage.for_connection(conn).lower_claim_floors(conn, [(q.id, job.priority, job.seq)])

@@ -24,7 +24,7 @@ from django.db import DatabaseError
 
 from .. import db, payloads, receipts, storage, validation, wakeup
 from ..conf import CLAIM_PAYLOAD_CAP_BYTES
-from ..exceptions import FqError, InvalidReceipt, QueueNotFound, ReceiptCancelled
+from ..exceptions import FqError, InvalidReceipt, QueueNotFound, ReceiptCancelled, SnoozeLimit
 from ..models import Job, Queue
 from ..storage.base import RateGate, split_by_bytes
 from ..types import ClaimedJob, ClaimedJobs, SettleResult
@@ -734,8 +734,12 @@ def release(queue: str, receipt: str, *, error: str | None = None, delay_ms: int
     :class:`~django_fq.Snooze`): the job is scheduled that long after now
     (database clock), and the entry's kind is ``snooze`` (default text
     "snoozed"). Either way the job's attempts go down by one and the
-    ``released`` total goes up. Raises :class:`InvalidReceipt`,
-    :class:`ReceiptCancelled`, :class:`InvalidDelay` (field ``delay_ms``).
+    ``released`` total goes up. A snooze adds one to the job's ``snoozes``;
+    a job snoozed :data:`~django_fq.validation.MAX_SNOOZES` (1,000) times
+    since its enqueue or last ``retry`` cannot be snoozed again:
+    :class:`SnoozeLimit`, nothing written, the lease still held (the worker
+    then nacks the attempt). Raises :class:`InvalidReceipt`,
+    :class:`ReceiptCancelled`, :class:`InvalidDelay` (field ``delay_ms``), :class:`SnoozeLimit`.
     """
     if delay_ms is not None:
         validation.integer(delay_ms, "delay_ms", 0, validation.MAX_NACK_DELAY_MS, validation.InvalidDelay)
@@ -755,15 +759,22 @@ def release(queue: str, receipt: str, *, error: str | None = None, delay_ms: int
             return lease
         now = lease["now"]
         run_at = now + (delay_ms or 0)
-        _end_lease(conn, lease)
         history = () if history_on_server(conn) else ("errors",)
-        job = _fresh_job(conn, lease["job_id"], "attempts", "priority", *history, policy=False)
+        job = _fresh_job(conn, lease["job_id"], "attempts", "priority", "snoozes", *history, policy=False)
+        if delay_ms is not None and job.snoozes >= validation.MAX_SNOOZES:
+            raise SnoozeLimit(
+                f"snooze limit reached: job {lease['uid']} was snoozed {job.snoozes} times "
+                f"(at most {validation.MAX_SNOOZES} since it was enqueued or retried)",
+                field="delay_ms",
+            )
+        _end_lease(conn, lease)
         outcome = {"state": "scheduled" if run_at > now else "ready", "run_at": run_at}
         manager(Job).filter(seq=lease["job_id"]).update(
             state="queued",
             run_at=run_at,
             changed_at=now,
             attempts=max(0, job.attempts - 1),
+            snoozes=job.snoozes + (delay_ms is not None),
             last_error=message,
             errors=history_value(
                 conn, job.errors if history else None, history_entry(now, job.attempts, kind, message, lease["worker"])

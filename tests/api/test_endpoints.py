@@ -29,6 +29,8 @@ POLICY_DEFAULTS = {
     "visibility_ms": 30_000,
     "idempotency_retention_ms": 300_000,
     "timeout_ms": 0,
+    "rate_limit": 0,
+    "rate_window_ms": 1000,
 }
 EPOCH_2020_MS = 1_577_836_800_000
 

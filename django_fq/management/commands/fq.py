@@ -58,6 +58,8 @@ OPTION_OF_FIELD = {
     "backoff_ms": "--backoff",
     "max_backoff_ms": "--max-backoff",
     "visibility_ms": "--visibility",
+    "rate_limit": "--rate-limit",
+    "rate_window_ms": "--rate-window",
     "count": "--count",
     "wait_ms": "--wait",
     "worker": "--worker",
@@ -83,6 +85,8 @@ POLICY_OPTIONS = (
     ("visibility", "visibility_ms", "MS", "default lease length of claims (1 ms - 24 h)"),
     ("idempotency-retention", "idempotency_retention_ms", "MS", "how long an idempotency token deduplicates (1 ms - 30 days)"),
     ("timeout", "timeout_ms", "MS", "a running job past this fails with a timeout (0-7 days, 0 = none)"),
+    ("rate-limit", "rate_limit", "N", "claims allowed in any window of --rate-window (0-1000000, 0 = no rate limit)"),
+    ("rate-window", "rate_window_ms", "MS", "the rate limit's sliding window (1 ms - 24 h, default 1000)"),
 )
 
 
@@ -469,8 +473,9 @@ class Command(BaseCommand):
         ]
 
         def human(_):
+            limited = f"rate limit reached: the next job may be claimed in {claimed.rate_wait_ms} ms"
             if not claimed:
-                return "no eligible job"
+                return limited if claimed.rate_wait_ms else "no eligible job"
             blocks = []
             for j in claimed:
                 blocks.append(
@@ -480,7 +485,7 @@ class Command(BaseCommand):
                         indent="  ",
                     )
                 )
-            return "\n".join(blocks)
+            return "\n".join([*blocks, limited] if claimed.rate_wait_ms else blocks)
 
         self._emit(data, human)
 
@@ -814,6 +819,7 @@ def _job_text(d: dict) -> str:
         ("state", d["state"]),
         ("priority", d["priority"]),
         ("attempts", f"{d['attempts']}/{d['max_attempts']}"),
+        ("snoozes", d["snoozes"]),
         ("run_at", _when(d["run_at"])),
         ("enqueued_at", _when(d["enqueued_at"])),
         ("changed_at", _when(d["changed_at"])),
