@@ -297,9 +297,10 @@ class ClaimLoop:
             return 0
         end = time.monotonic()
         if jobs.rate_wait_ms:
-            # Measured from the claim's return: a little late rather than early (an early claim would
-            # be a round trip for nothing); the database clock decided the wait.
-            self._rate_until[queue] = end + jobs.rate_wait_ms / 1000
+            # Counted from the claim's start, before its reading of the database clock (which decided
+            # the wait): a claim that comes a little early costs one round trip, one that comes late
+            # leaves the slot idle, and that slack would add up over every window.
+            self._rate_until[queue] = start + jobs.rate_wait_ms / 1000
         if not jobs:
             return 0
         emit(logging.INFO, "worker.claim", worker=self.worker.worker_id, queue=queue, asked=count, got=len(jobs))
