@@ -645,7 +645,7 @@ class MysqlStore(Store):
                 return []  # paused meanwhile: the rows stay queued (locked until this transaction ends)
             cur.execute(f"SELECT {', '.join(TAKEN_COLUMNS)} FROM {job} WHERE seq IN ({marks})", seqs)
             taken = fetch_dicts(cur)
-        if rate_limited:
+        if rate is not None and rate_limited:
             self.close_rate_gate(conn, rate, queue_id=queue_id, rows=taken)
         return taken
 

@@ -190,8 +190,7 @@ class SqliteStore(Store):
         job, lease = JOB_TABLE, LEASE_TABLE
         now = db.now_sql(conn)
         returning = ", ".join(TAKEN_COLUMNS)
-        rate_limited = rate is not None and rate.limit > 0
-        if rate_limited:
+        if rate is not None and rate.limit > 0:
             # The write transaction holds the database: the log read here is the newest.
             count = self.open_rate_gate(conn, rate, queue_id=queue_id, want=count)
             if count <= 0:
@@ -215,7 +214,7 @@ class SqliteStore(Store):
                 [worker, queue_id, queue_id, *params, cap],
             )
             taken = fetch_dicts(cur)
-        if rate_limited:
+        if rate is not None and rate.limit > 0:
             self.close_rate_gate(conn, rate, queue_id=queue_id, rows=taken)
         return taken
 

@@ -91,7 +91,7 @@ def test_released_nacked_and_expired_claims_give_no_slot_back(frozen):
     """A rate limit counts claims started, whatever became of them."""
     _limit(3, 10_000, visibility_ms=100)
     _enqueue(5)
-    a, b, c = fq.claim(QUEUE, count=3)
+    a, b, _c = fq.claim(QUEUE, count=3)
     fq.release(QUEUE, a.receipt)
     fq.nack(QUEUE, b.receipt, delay_ms=0)
     frozen.advance(100)  # c's lease expires; the claim's expiry handling ends it
