@@ -163,6 +163,19 @@ class InvalidState(FqError):
     status = 409
 
 
+class SnoozeLimit(InvalidState):
+    """The job was snoozed as often as a job may be (``MAX_SNOOZES``, 1,000) since it was enqueued or retried.
+
+    Raised by ``release(…, delay_ms=…)``, which then changes nothing: the lease
+    is still held. The worker fails the attempt instead (a nack with this
+    message), so a handler that snoozes for ever ends in the queue's backoff
+    and dead rule (docs/reference/semantics.md §9 "Verbs and arguments").
+    """
+
+    code = "snooze_limit"
+    status = 409
+
+
 class QueueFull(FqError):
     """Queue full."""
 

@@ -98,6 +98,10 @@ class Queue(models.Model):
     # The latest activity prune() or configure() has seen (epoch ms, database clock), so that
     # pruning the queue's finished jobs does not make it look idle since it was created.
     active_at = models.BigIntegerField(null=True, blank=True, help_text="epoch ms, database clock")
+    # Rate limit (docs/reference/semantics.md §9 "Rate limits"): at most rate_limit claims in any
+    # window of rate_window_ms, counted by the claim from the queue's RateLog; 0 = none.
+    rate_limit = models.IntegerField(default=_DEFAULT.rate_limit, db_default=_DEFAULT.rate_limit)
+    rate_window_ms = models.BigIntegerField(default=_DEFAULT.rate_window_ms, db_default=_DEFAULT.rate_window_ms)
 
     class Meta:
         db_table = "django_fq_queue"
@@ -166,6 +170,9 @@ class Job(models.Model):
     settled_op = models.CharField(max_length=10, null=True, blank=True)
     settled_args = models.CharField(max_length=32, null=True, blank=True)
     settled_outcome = models.JSONField(null=True, blank=True)
+    # Snoozes of this job since it was enqueued or last retried: at most MAX_SNOOZES
+    # (docs/reference/semantics.md §9 "Verbs and arguments").
+    snoozes = models.IntegerField(default=0, db_default=0)
 
     class Meta:
         db_table = "django_fq_job"
@@ -374,3 +381,46 @@ class ConcurrencyKey(models.Model):
 
     def __str__(self) -> str:
         return f"key {self.key} of queue {self.queue_id}"
+class QueueRate(models.Model):
+    """The claim counter of a rate-limited queue: ``next_n`` is the number the next claimed job gets.
+
+    Written by every claim of the queue that takes jobs while it has a rate
+    limit, under the claim's queue-row lock, so that claims in a caller's
+    snapshot older than the last one fail to write it rather than count from
+    a stale log (docs/reference/semantics.md §9 "Rate limits"). No database
+    foreign key, as for ``Job.queue``: ``delete_queue`` deletes it.
+    """
+
+    queue = models.OneToOneField(
+        Queue, on_delete=models.CASCADE, primary_key=True, related_name="+", db_constraint=False
+    )
+    next_n = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "django_fq_rate"
+
+    def __str__(self) -> str:
+        return f"rate counter of queue {self.queue_id}"
+
+
+class RateLog(models.Model):
+    """The instant (epoch ms, database clock) at which job number ``n`` of a rate-limited queue was claimed.
+
+    A queue keeps the rows of its last ``rate_limit`` claimed jobs: job ``n``
+    may be claimed only when job ``n - rate_limit``'s instant is at least
+    ``rate_window_ms`` old (or has no row), which holds every window of
+    ``rate_window_ms`` to ``rate_limit`` claims
+    (docs/reference/semantics.md §9 "Rate limits").
+    """
+
+    pk = models.CompositePrimaryKey("queue", "n")
+    # The primary key (queue_id, n) leads with the queue: no index of its own.
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_constraint=False, db_index=False)
+    n = models.BigIntegerField()
+    at = models.BigIntegerField()
+
+    class Meta:
+        db_table = "django_fq_rate_log"
+
+    def __str__(self) -> str:
+        return f"claim {self.n} of queue {self.queue_id}"

@@ -59,6 +59,10 @@ class QueuePolicy:
     timeout_ms: int = 0
     ttl_ms: int = 0
     key_concurrency: int = 0
+    #: Claims allowed in any window of ``rate_window_ms`` (a claim of k jobs counts k); 0 = no rate limit
+    #: (docs/reference/semantics.md §9 "Rate limits").
+    rate_limit: int = 0
+    rate_window_ms: int = 1000
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,25 @@ class ClaimedJob:
     metadata: dict | None = None
 
 
+class ClaimedJobs(list):
+    """What ``claim`` returns: a list of :class:`ClaimedJob`, plus when a rate limit lets the next one through.
+
+    ``rate_wait_ms`` is 0 unless the queue's rate limit
+    (docs/reference/semantics.md §9 "Rate limits") stopped this claim short of
+    ``count``; then it is how long after the claim's reading of the database
+    clock the next job may be claimed, and ``rate_limited_until`` that instant
+    (epoch ms, database clock). A claim made earlier gets no job of the queue.
+    """
+
+    rate_wait_ms: int = 0
+    rate_limited_until: int | None = None
+
+    def __init__(self, jobs=(), *, rate_wait_ms: int = 0, rate_limited_until: int | None = None):
+        super().__init__(jobs)
+        self.rate_wait_ms = rate_wait_ms
+        self.rate_limited_until = rate_limited_until
+
+
 @dataclass(frozen=True)
 class SettleResult:
     """Outcome of ack / nack / release.
@@ -160,6 +183,8 @@ class JobInfo:
     first report; a new attempt starts with none; docs/how-to/progress.md).
     ``concurrency_key``: the key whose slots the job takes in a queue with
     ``key_concurrency`` (docs/reference/semantics.md §9 "Per-key limits"), or ``None``.
+    ``snoozes``: how often the job was snoozed since its enqueue or last
+    ``retry`` (at most 1,000; docs/reference/semantics.md §9 "Verbs and arguments").
     """
 
     id: str
@@ -188,6 +213,7 @@ class JobInfo:
     progress_message: str = ""
     progress_at: int | None = None
     concurrency_key: str | None = None
+    snoozes: int = 0
 
 
 @dataclass(frozen=True)

@@ -47,9 +47,13 @@ POLICY_BOUNDS = {
     "timeout_ms": (0, 7 * DAY_MS),
     "ttl_ms": (0, 365 * DAY_MS),
     "key_concurrency": (0, 100_000),
+    "rate_limit": (0, 1_000_000),
+    "rate_window_ms": (1, DAY_MS),
 }
 #: Longest enqueue delay, and furthest ``at`` from now: 10 years (docs/reference/semantics.md §9).
 MAX_DELAY_MS = 3653 * DAY_MS
+#: Most snoozes of one job, counted from its enqueue or its last retry (docs/reference/semantics.md §9).
+MAX_SNOOZES = 1000
 #: Longest nack delay: 30 days (docs/reference/semantics.md §9).
 MAX_NACK_DELAY_MS = 30 * DAY_MS
 #: Visibility bounds for claims and extensions: 1 ms – 24 h (docs/reference/semantics.md §5).

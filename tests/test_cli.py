@@ -121,10 +121,12 @@ def test_config_sets_every_option_and_prints_the_policy():
         "config", Q,
         "--concurrency", 4, "--max-attempts", 3, "--backoff", 1000, "--max-backoff", 60000,
         "--visibility", 45000, "--idempotency-retention", 7000, "--timeout", 9000, "--key-concurrency", 2, "--ttl", 86400000,
+        "--rate-limit", 20, "--rate-window", 2000,
     )  # fmt: skip
     expected = {
         "queue": Q, "concurrency": 4, "max_attempts": 3, "backoff_ms": 1000, "max_backoff_ms": 60000,
         "visibility_ms": 45000, "idempotency_retention_ms": 7000, "timeout_ms": 9000, "key_concurrency": 2, "ttl_ms": 86400000,
+        "rate_limit": 20, "rate_window_ms": 2000,
     }  # fmt: skip
     assert got == expected
     assert ok("config", Q) == expected

@@ -150,7 +150,7 @@ class JobAdmin(display.FqModelAdmin):
     actions = ("retry_selected", "requeue_selected", "cancel_selected")
     fieldsets = (
         # The id is the page's title; it is not repeated as a field.
-        (None, {"fields": ("queue", "state_badge", "priority", "attempts_of", "timeout", "unique_key", "idempotency", "concurrency_key")}),
+        (None, {"fields": ("queue", "state_badge", "priority", "attempts_of", "snoozes", "timeout", "unique_key", "idempotency", "concurrency_key")}),
         ("Times (database clock, UTC)", {"fields": ("enqueued_at_at", "run_at_at", "claimed_at_at", "changed_at_at", "finished_at_at")}),
         ("Lease", {"fields": ("lease_deadline", "lease_worker", "lease_generation")}),
         ("Metadata", {"fields": ("tag_list", "metadata_pretty")}),

@@ -29,7 +29,7 @@ import time
 
 from .. import db, services, storage, validation, wakeup
 from ..exceptions import WaitTimeout
-from ..types import ClaimedJob, JobInfo
+from ..types import ClaimedJobs, JobInfo
 from . import conf
 
 #: Pause between looks where no notification from another process can end it early (SQLite).
@@ -54,8 +54,12 @@ def release_connection() -> bool:
     return storage.for_connection(conn).release_connection(conn)
 
 
-def claim(queue: str, *, count: int, visibility_ms: int | None, wait_ms: int, worker: str) -> list[ClaimedJob]:
-    """:func:`django_fq.services.claim` with a long poll that holds no connection while it waits."""
+def claim(queue: str, *, count: int, visibility_ms: int | None, wait_ms: int, worker: str) -> ClaimedJobs:
+    """:func:`django_fq.services.claim` with a long poll that holds no connection while it waits.
+
+    A claim stopped by the queue's rate limit sleeps until the next slot frees
+    (``rate_wait_ms``) or the wait ends, rather than looking again on each wakeup.
+    """
     validation.integer(wait_ms, "wait_ms", 0, validation.MAX_WAIT_MS)
     if not wait_ms:
         return services.claim(queue, count=count, visibility_ms=visibility_ms, wait_ms=0, worker=worker)
@@ -67,6 +71,11 @@ def claim(queue: str, *, count: int, visibility_ms: int | None, wait_ms: int, wo
         remaining = give_up - time.monotonic()
         if jobs or remaining <= 0:
             return jobs
+        if jobs.rate_wait_ms:
+            # The queue's rate limit: no enqueue frees a slot sooner; sleep without a connection.
+            release_connection()
+            time.sleep(min(jobs.rate_wait_ms / 1000, remaining))
+            continue
         if listener.listening and release_connection():
             pause = conf.long_poll_recheck_s()
         elif release_connection():

@@ -72,6 +72,8 @@ class PolicySerializer(serializers.Serializer):
     key_concurrency = _int(
         *POLICY_BOUNDS["key_concurrency"], help_text="jobs of one concurrency_key running at once; 0 = unlimited"
     )
+    rate_limit = _int(*POLICY_BOUNDS["rate_limit"], help_text="claims allowed in any window of rate_window_ms; 0 = none")
+    rate_window_ms = _int(*POLICY_BOUNDS["rate_window_ms"], help_text="the rate limit's sliding window")
 
 
 class PolicyInputSerializer(serializers.Serializer):
@@ -87,6 +89,8 @@ class PolicyInputSerializer(serializers.Serializer):
     timeout_ms = _int(*POLICY_BOUNDS["timeout_ms"], required=False, allow_null=True)
     ttl_ms = _int(*POLICY_BOUNDS["ttl_ms"], required=False, allow_null=True)
     key_concurrency = _int(*POLICY_BOUNDS["key_concurrency"], required=False, allow_null=True)
+    rate_limit = _int(*POLICY_BOUNDS["rate_limit"], required=False, allow_null=True)
+    rate_window_ms = _int(*POLICY_BOUNDS["rate_window_ms"], required=False, allow_null=True)
 
 
 class QueueConfigSerializer(PolicySerializer):
@@ -279,6 +283,7 @@ class JobListedSerializer(serializers.Serializer):
     progress_message = serializers.CharField(allow_blank=True)
     progress_at = _epoch_ms(allow_null=True)
     concurrency_key = serializers.CharField(allow_null=True)
+    snoozes = serializers.IntegerField(help_text="snoozes since the enqueue or the last retry (at most 1000)")
 
 
 class JobSerializer(JobListedSerializer):

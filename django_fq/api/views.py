@@ -756,7 +756,11 @@ class ClaimView(FqAPIView):
             wait_ms=_given(body, "wait_ms", 0),
             worker=_worker(request, body),
         )
-        return Response([_claimed(j) for j in jobs])
+        response = Response([_claimed(j) for j in jobs])
+        if jobs.rate_wait_ms:  # the queue's rate limit stopped this claim short of count
+            response["Fq-Rate-Wait-Ms"] = str(jobs.rate_wait_ms)
+            response["Fq-Rate-Limited-Until"] = str(jobs.rate_limited_until)
+        return response
 
 
 class AckView(FqAPIView):

@@ -88,6 +88,11 @@ class QueueCollector:
             "The queue's key_concurrency policy: most jobs of one concurrency key running at once (0 = unlimited).",
             labels=["queue"],
         )
+        rate = GaugeMetricFamily(
+            "fq_queue_rate_limit_per_second",
+            "The queue's rate limit: rate_limit claims per rate_window_ms, as claims per second (0 = no rate limit).",
+            labels=["queue"],
+        )
         paused = GaugeMetricFamily(
             "fq_queue_paused",
             f'1 while the queue is paused (claims hand out no job), else 0; for queue="{OTHER}" the number of '
@@ -143,6 +148,7 @@ class QueueCollector:
                 continue
             limit.add_metric([name], info.policy.concurrency)
             key_limit.add_metric([name], info.policy.key_concurrency)
+            rate.add_metric([name], info.policy.rate_limit * 1000 / info.policy.rate_window_ms)
             _add(jobs, ready_age, overdue, totals, wait, run, name, values, age)
             paused.add_metric([name], values["paused"])
         if folded:
@@ -154,6 +160,7 @@ class QueueCollector:
         yield jobs
         yield limit
         yield key_limit
+        yield rate
         yield paused
         yield ready_age
         yield overdue

@@ -18,6 +18,7 @@ from django.db import IntegrityError
 from .. import conf, db, middleware, payloads, storage, validation
 from ..exceptions import EnqueueRefused, InvalidArgument, InvalidTime
 from ..types import EnqueueResult
+from . import keys as slots
 from ._base import (
     add_counters,
     check_queue_room,
@@ -26,7 +27,6 @@ from ._base import (
     max_jobs_per_queue,
     policy_of,
 )
-from . import keys as slots
 from .queues import POLICY_BOUNDS
 
 #: Keys an enqueue envelope may carry (the REST body and ``enqueue_many`` items).

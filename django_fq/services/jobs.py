@@ -22,7 +22,7 @@ FINAL_STATES = frozenset({"succeeded", "dead", "cancelled"})
 _LIST_FIELDS = (
     "uid", "state", "priority", "run_at", "enqueued_at", "changed_at", "attempts", "max_attempts",
     "timeout_ms", "unique_key", "idempotency", "last_error", "claimed_at", "finished_at", "worker", "metadata", "tags",
-    "progress", "progress_message", "progress_at", "concurrency_key",
+    "progress", "progress_message", "progress_at", "concurrency_key", "snoozes",
 )  # fmt: skip
 
 
@@ -69,6 +69,7 @@ def _info(row: dict, queue: str, *, full: bool) -> JobInfo:
         progress_message=row["progress_message"],
         progress_at=row["progress_at"],
         concurrency_key=row["concurrency_key"],
+        snoozes=row["snoozes"],
         **extra,
     )
 
@@ -219,7 +220,7 @@ def stats(queue: str) -> QueueStats:
 
 
 def retry(queue: str, job_id: str) -> JobInfo:
-    """Make a dead job ready again now with attempts reset to 0 (its old receipts stay invalid).
+    """Make a dead job ready again now with attempts and snoozes reset to 0 (its old receipts stay invalid).
 
     Raises :class:`JobNotFound`, :class:`InvalidState` (not dead, or its
     unique_key is now held by another active job, named in the error).
@@ -241,6 +242,7 @@ def retry(queue: str, job_id: str) -> JobInfo:
                 manager(Job).filter(seq=job.seq).update(
                     state="held" if keyed else "queued",
                     attempts=0,
+                    snoozes=0,
                     run_at=db.DbNow(),
                     changed_at=db.DbNow(),
                     finished_at=None,

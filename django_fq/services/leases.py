@@ -23,12 +23,12 @@ from typing import Any
 from django.db import DatabaseError
 
 from .. import db, payloads, receipts, storage, validation, wakeup
-from . import keys as slots
 from ..conf import CLAIM_PAYLOAD_CAP_BYTES
-from ..exceptions import FqError, InvalidReceipt, QueueNotFound, ReceiptCancelled
+from ..exceptions import FqError, InvalidReceipt, QueueNotFound, ReceiptCancelled, SnoozeLimit
 from ..models import Job, Queue
-from ..storage.base import split_by_bytes
-from ..types import ClaimedJob, SettleResult
+from ..storage.base import RateGate, split_by_bytes
+from ..types import ClaimedJob, ClaimedJobs, SettleResult
+from . import keys as slots
 from ._base import (
     JOB,
     LEASE,
@@ -76,7 +76,7 @@ def claim(
     visibility_ms: int | None = None,
     wait_ms: int = 0,
     worker: str = "",
-) -> list[ClaimedJob]:
+) -> ClaimedJobs:
     """Take up to ``count`` eligible jobs of ``queue`` under new leases.
 
     Args:
@@ -93,6 +93,14 @@ def claim(
     enqueue time. The queue's concurrency limit is respected and the summed
     payload sizes stay within 32 MiB (at least one job if any is eligible).
     Expired leases of this queue are handled first.
+
+    A queue with a rate limit hands out at most ``rate_limit`` jobs in any
+    window of ``rate_window_ms`` (docs/reference/semantics.md §9 "Rate
+    limits"): a claim the window stops short of ``count`` returns the jobs it
+    could take (maybe none), with ``rate_wait_ms`` / ``rate_limited_until`` on
+    the returned :class:`~django_fq.types.ClaimedJobs` saying when the next
+    one may be taken. A long poll sleeps until then (or its end) instead of
+    looking again on every wakeup.
 
     A paused queue hands out no job (docs/reference/semantics.md §9 "Pause"). In
     a caller's REPEATABLE READ or SERIALIZABLE transaction on PostgreSQL whose
@@ -118,6 +126,10 @@ def claim(
         remaining = give_up - time.monotonic()
         if jobs or remaining <= 0:
             return jobs
+        if jobs.rate_wait_ms:
+            # The rate limit's window is full: no enqueue can change that before its next slot frees.
+            time.sleep(min(jobs.rate_wait_ms / 1000, remaining))
+            continue
         # Woken at once by an enqueue's NOTIFY on PostgreSQL; the short poll
         # also catches delayed jobs becoming eligible, and is all SQLite has.
         wakeup.listener().wait(mark, {queue}, min(LONG_POLL_INTERVAL_S, remaining))
@@ -150,7 +162,7 @@ def _claimed_payload(text) -> Any:
         return _Undeliverable(f"payload is not valid JSON: {exc}")
 
 
-def _deliverable(queue: str, jobs: list[ClaimedJob]) -> list[ClaimedJob]:
+def _deliverable(queue: str, jobs: ClaimedJobs) -> ClaimedJobs:
     """Drop the claimed jobs whose payload cannot be delivered, each made dead on its own.
 
     One poison row must not fail the claim: the other jobs of the claim are
@@ -158,7 +170,7 @@ def _deliverable(queue: str, jobs: list[ClaimedJob]) -> list[ClaimedJob]:
     """
     if not any(isinstance(j.payload, _Undeliverable) for j in jobs):
         return jobs
-    kept = []
+    kept = ClaimedJobs(rate_wait_ms=jobs.rate_wait_ms, rate_limited_until=jobs.rate_limited_until)
     for job in jobs:
         if not isinstance(job.payload, _Undeliverable):
             kept.append(job)
@@ -173,12 +185,12 @@ def _deliverable(queue: str, jobs: list[ClaimedJob]) -> list[ClaimedJob]:
     return kept
 
 
-def _claim_round(queue: str, count: int, visibility_ms: int | None, worker: str) -> list[ClaimedJob]:
+def _claim_round(queue: str, count: int, visibility_ms: int | None, worker: str) -> ClaimedJobs:
     """One attempt at claiming: expiry handling for the queue first, then the claim itself."""
     conn = db.connection()
     store = storage.for_connection(conn)
     if conn.in_atomic_block and store.paused_past_snapshot(conn, queue):
-        return []  # a caller's snapshot predates a pause the claim's SQL would not see (§9 "Pause")
+        return ClaimedJobs()  # a caller's snapshot predates a pause the claim's SQL would not see (§9 "Pause")
     if not store.supports_one_statement_claim:
         facts = store.claim_facts(conn, queue)
         if facts is None:
@@ -188,27 +200,27 @@ def _claim_round(queue: str, count: int, visibility_ms: int | None, worker: str)
             raise QueueNotFound(f"no such queue: {queue}", field="queue")
         queue_id, default_vis, ready, expired = facts
         if not ready and not expired:  # an idle poll ends here, without a transaction
-            return []
+            return ClaimedJobs()
         return db.retrying(_claim_once, queue_id, queue, count, visibility_ms or default_vis, worker, reap=expired)
-    # The common case (no concurrency limit, nothing expired) is this one round trip.
+    # The common case (no concurrency or rate limit, nothing expired) is this one round trip.
     jobs, facts, queue_id = db.retrying(_claim_statement, queue, count, visibility_ms, worker, False, atomic=False)
     if facts is None:
         _claimed(conn, queue_id, len(jobs))
-        return jobs
-    queue_id, concurrency, default_vis, expired = facts
+        return ClaimedJobs(jobs)
+    queue_id, limited, default_vis, expired = facts
     vis = visibility_ms or default_vis
-    if concurrency > 0:
-        jobs = db.retrying(_claim_once, queue_id, queue, count, vis, worker, relaxed=db.relaxed_commit(conn))
-        _claimed(conn, queue_id, len(jobs))
-        return jobs
+    if limited:  # a concurrency or rate limit: take_jobs, under the queue row's lock
+        claimed = db.retrying(_claim_once, queue_id, queue, count, vis, worker, relaxed=db.relaxed_commit(conn))
+        _claimed(conn, queue_id, len(claimed))
+        return claimed
     if expired:  # expired leases, or a key's held job become due (with key_concurrency)
         db.retrying(lambda: expire_leases(db.connection(), queue_id=queue_id, limit=CLAIM_REAP_BATCH))
         slots.wake(queue_id=queue_id)
     jobs, facts, _ = db.retrying(_claim_statement, queue, count, visibility_ms, worker, True, atomic=False)
-    if facts is not None:  # a concurrency limit was set meanwhile: next round
-        return []
+    if facts is not None:  # a limit was set meanwhile: next round
+        return ClaimedJobs()
     _claimed(conn, queue_id, len(jobs))
-    return jobs
+    return ClaimedJobs(jobs)
 
 
 def _claimed(conn, queue_id: int, n: int) -> None:
@@ -318,9 +330,9 @@ def _claim_statement(
 ) -> tuple[list[ClaimedJob], tuple | None, int]:
     """Run the store's one-statement claim (:meth:`~django_fq.storage.base.Store.claim_statement`).
 
-    Returns ``(jobs, None, queue_id)``, or ``([], (id, concurrency, visibility_ms, expired), queue_id)``
-    when the queue needs the slower path (a concurrency limit, or expired
-    leases unless ``after_reap``). Raises :class:`QueueNotFound`.
+    Returns ``(jobs, None, queue_id)``, or ``([], (id, limited, visibility_ms, expired), queue_id)``
+    when the queue needs the slower path (a concurrency or rate limit, or
+    expired leases unless ``after_reap``). Raises :class:`QueueNotFound`.
     """
     conn = db.connection()
     pairs = receipts.new_secrets(count)
@@ -337,9 +349,9 @@ def _claim_statement(
     )
     if not rows:
         raise QueueNotFound(f"no such queue: {queue}", field="queue")
-    queue_id, concurrency, default_vis, expired, vis = rows[0][:5]
+    queue_id, limited, default_vis, expired, vis = rows[0][:5]
     if vis is None:  # not claimed here: the caller takes the slower path
-        return [], (queue_id, concurrency, default_vis, expired), queue_id
+        return [], (queue_id, limited, default_vis, expired), queue_id
     rows = sorted((r[5:] for r in rows if r[5] is not None), key=lambda r: (-r[6], r[0]))
     if any(payloads.is_offloaded(r[2]) for r in rows):
         rows = _fill_bodies(conn, rows)
@@ -390,11 +402,13 @@ def _fill_bodies(conn, rows: list) -> list:
 
 def _claim_once(
     queue_id: int, queue: str, count: int, vis: int, worker: str, relaxed: bool = False, reap: bool = True
-) -> list[ClaimedJob]:
+) -> ClaimedJobs:
     """Claim in the caller's transaction: expired leases of the queue first, then up to ``count`` jobs.
 
     ``vis`` is the lease length (ms). ``reap=False``: the store's claim facts,
-    read just before, found no expired lease (Store.claim_facts). Raises :class:`QueueNotFound`.
+    read just before, found no expired lease (Store.claim_facts). A rate limit
+    is applied by the store under the claim's lock (:class:`RateGate`); the
+    wait it reports is returned on the :class:`ClaimedJobs`. Raises :class:`QueueNotFound`.
     """
     conn = db.connection()
     if relaxed:
@@ -402,11 +416,11 @@ def _claim_once(
     if reap:
         expire_leases(conn, queue_id=queue_id, limit=CLAIM_REAP_BATCH)
     with conn.cursor() as cur:
-        read = f"SELECT concurrency, key_concurrency FROM {QUEUE} WHERE id = %s"
+        read = f"SELECT concurrency, rate_limit, rate_window_ms, key_concurrency FROM {QUEUE} WHERE id = %s"
         cur.execute(read, [queue_id])
         row = cur.fetchone()
         store = storage.for_connection(conn)
-        if (row is None or row[0] == 0) and store.may_read_stale(conn):
+        if (row is None or (row[0] == 0 and row[1] == 0 and row[3] == 0)) and store.may_read_stale(conn):
             # A caller's older snapshot may predate a configure() that set a limit (or the
             # queue): read the newest commit. Shared, so other claims and enqueues of an
             # unlimited queue pass; a limit read here (or in the snapshot) makes take_jobs
@@ -415,19 +429,27 @@ def _claim_once(
             row = cur.fetchone()
         if row is None:
             raise QueueNotFound(f"no such queue: {queue}", field="queue")
-        if reap and row[1] > 0:
+        if reap and row[3] > 0:
             # Held jobs of keys with room that became due: admitted before the jobs are taken.
             due = store.due_keys(conn, now=db.now_sql(conn), queue_id=queue_id, limit=slots.WAKE_BATCH)
             if due:
                 slots.admit(conn, queue_id=queue_id, queue=None, keys=[k for _, k in due], create=False)
+        gate = RateGate(limit=row[1], window_ms=row[2])
         rows = storage.for_connection(conn).take_jobs(
-            conn, queue_id=queue_id, count=count, concurrency=row[0], worker=worker, cap=CLAIM_PAYLOAD_CAP_BYTES
+            conn,
+            queue_id=queue_id,
+            count=count,
+            concurrency=row[0],
+            worker=worker,
+            cap=CLAIM_PAYLOAD_CAP_BYTES,
+            rate=gate,
         )
+        jobs = _rate_waited(gate, len(rows))
         if not rows:
-            return []
+            return jobs
         rows.sort(key=lambda r: (-r["priority"], r["seq"]))
         payloads.fill(conn, rows, latest=True)  # no round trip unless some payload was offloaded
-        jobs, leases, lease_params = [], [], []
+        leases, lease_params = [], []
         wait_sum = 0
         for r in rows:
             receipt, digest = receipts.new(r["uid"], r["generation"])
@@ -459,6 +481,18 @@ def _claim_once(
         )
     add_counters(conn, queue_id, claimed=len(jobs), wait_ms_sum=wait_sum, wait_count=len(jobs))
     return jobs
+
+
+def _rate_waited(gate: RateGate, taken: int) -> ClaimedJobs:
+    """The (still empty) result of a claim that took ``taken`` jobs through ``gate``, with the wait it reports.
+
+    A wait only when the rate limit stopped the claim: the window admitted
+    fewer jobs than asked for, and every admitted job was taken (otherwise the
+    queue ran out of eligible jobs first, and the next job may come sooner).
+    """
+    if gate.limit <= 0 or gate.free_at is None or gate.now is None or taken < gate.allowed:
+        return ClaimedJobs()
+    return ClaimedJobs(rate_wait_ms=max(0, gate.free_at - gate.now), rate_limited_until=gate.free_at)
 
 
 # --- settling a lease ------------------------------------------------------------------
@@ -710,8 +744,12 @@ def release(queue: str, receipt: str, *, error: str | None = None, delay_ms: int
     :class:`~django_fq.Snooze`): the job is scheduled that long after now
     (database clock), and the entry's kind is ``snooze`` (default text
     "snoozed"). Either way the job's attempts go down by one and the
-    ``released`` total goes up. Raises :class:`InvalidReceipt`,
-    :class:`ReceiptCancelled`, :class:`InvalidDelay` (field ``delay_ms``).
+    ``released`` total goes up. A snooze adds one to the job's ``snoozes``;
+    a job snoozed :data:`~django_fq.validation.MAX_SNOOZES` (1,000) times
+    since its enqueue or last ``retry`` cannot be snoozed again:
+    :class:`SnoozeLimit`, nothing written, the lease still held (the worker
+    then nacks the attempt). Raises :class:`InvalidReceipt`,
+    :class:`ReceiptCancelled`, :class:`InvalidDelay` (field ``delay_ms``), :class:`SnoozeLimit`.
     """
     if delay_ms is not None:
         validation.integer(delay_ms, "delay_ms", 0, validation.MAX_NACK_DELAY_MS, validation.InvalidDelay)
@@ -732,9 +770,15 @@ def release(queue: str, receipt: str, *, error: str | None = None, delay_ms: int
             return lease
         now = lease["now"]
         run_at = now + (delay_ms or 0)
-        _end_lease(conn, lease)
         history = () if history_on_server(conn) else ("errors",)
-        job = _fresh_job(conn, lease["job_id"], "attempts", "priority", *history, policy=False)
+        job = _fresh_job(conn, lease["job_id"], "attempts", "priority", "snoozes", *history, policy=False)
+        if delay_ms is not None and job.snoozes >= validation.MAX_SNOOZES:
+            raise SnoozeLimit(
+                f"snooze limit reached: job {lease['uid']} was snoozed {job.snoozes} times "
+                f"(at most {validation.MAX_SNOOZES} since it was enqueued or retried)",
+                field="delay_ms",
+            )
+        _end_lease(conn, lease)
         outcome = {"state": "scheduled" if run_at > now else "ready", "run_at": run_at}
         # A snoozed keyed job waits held, without its slot, in a queue with a key limit (read
         # under the key's lock, after the lease's: a configure() of it is done or waits).
@@ -745,6 +789,7 @@ def release(queue: str, receipt: str, *, error: str | None = None, delay_ms: int
             run_at=run_at,
             changed_at=now,
             attempts=max(0, job.attempts - 1),
+            snoozes=job.snoozes + (delay_ms is not None),
             last_error=message,
             errors=history_value(
                 conn, job.errors if history else None, history_entry(now, job.attempts, kind, message, lease["worker"])

@@ -34,6 +34,10 @@ PAYLOAD_TABLE = "django_fq_payload"
 FLOOR_TABLE = "django_fq_claim_floor"
 #: Per-key slots (:class:`~django_fq.models.ConcurrencyKey`; docs/explanation/storage.md#per-key-limits).
 KEY_TABLE = "django_fq_key"
+#: A rate-limited queue's claim counter and claim log (:class:`~django_fq.models.QueueRate`,
+#: :class:`~django_fq.models.RateLog`; docs/reference/semantics.md §9 "Rate limits").
+RATE_TABLE = "django_fq_rate"
+RATE_LOG_TABLE = "django_fq_rate_log"
 #: What a job row's ``payload`` column holds when its body is in :data:`PAYLOAD_TABLE`: no JSON
 #: text is empty, so the marker cannot be mistaken for a payload (``payload_size`` keeps the body's size).
 OFFLOADED = ""
@@ -45,6 +49,33 @@ TAKEN_COLUMNS = (
     "seq", "uid", "payload", "generation", "attempts", "max_attempts", "priority", "enqueued_at", "run_at",
     "timeout_ms", "claimed_at", "metadata",
 )
+
+
+@dataclass
+class RateGate:
+    """The rate limit of one claim (docs/reference/semantics.md §9 "Rate limits").
+
+    The caller fills ``limit`` and ``window_ms`` (the queue's ``rate_limit``
+    and ``rate_window_ms`` as it read them); :meth:`Store.take_jobs` reads
+    them again under the claim's lock, and :meth:`Store.open_rate_gate` sets
+    the rest. ``next_n``: the number of the first job this claim takes.
+    ``wanted``: how many it asked the gate for; ``allowed``: how many jobs the
+    window admits now (never more than ``limit``). ``free_at`` (epoch ms,
+    database clock) and ``now`` (that clock when the log was read): when the
+    claim after the admitted ones may be taken, set only when the window
+    admitted fewer jobs than asked for (``None`` otherwise; the caller reports
+    a wait only when it took every admitted job).
+    """
+
+    limit: int = 0
+    window_ms: int = 1000
+    next_n: int = 0
+    wanted: int = 0
+    allowed: int = 0
+    free_at: int | None = None
+    now: int | None = None
+
+
 def full_row(row: Sequence[Any]) -> tuple:
     """A row of :attr:`Store.JOB_ROW`; one of the older 10 columns (no ``metadata``, ``tags``) gets ``None`` for them."""
     return tuple(row) if len(row) == 12 else (*row, None, None)
@@ -146,7 +177,7 @@ class Store(abc.ABC):
     #: locks all of it: a first statement may meet "database is locked".
     embedded: ClassVar[bool]
 
-    #: The claim of a queue without a concurrency limit is one statement (:meth:`Store.claim_statement`),
+    #: The claim of a queue without a concurrency or rate limit is one statement (:meth:`Store.claim_statement`),
     #: and the common ack one statement per batch (:meth:`Store.ack_matching`, :meth:`Store.ack_locked`).
     #: Without them the services take the general path: :meth:`Store.take_jobs`, :meth:`Store.lock_leases`.
     supports_one_statement_claim: ClassVar[bool]
@@ -441,8 +472,8 @@ class Store(abc.ABC):
     ) -> list[tuple]:
         """The one-statement claim (only where :attr:`supports_one_statement_claim`); one round trip, autocommit.
 
-        Looks queue ``queue_name`` up; unless it has a concurrency limit, or
-        expired leases and not ``after_reap``, and unless it is paused (no job
+        Looks queue ``queue_name`` up; unless it has a limit (a concurrency or a
+        rate limit: those claims take :meth:`take_jobs`), or expired leases and not ``after_reap``, and unless it is paused (no job
         then, as from an empty queue), takes up to ``count`` (1–1000)
         eligible jobs in claim order whose summed payload sizes stay within
         ``cap`` bytes, under leases of ``visibility_ms`` (``None``: the queue's
@@ -451,7 +482,7 @@ class Store(abc.ABC):
         counters. ``relaxed``: the commit skips the log flush.
 
         ``expired`` includes a key with room whose held job became due (:meth:`due_keys`).
-        Returns rows ``(queue_id, concurrency, visibility_ms, expired, vis, seq,
+        Returns rows ``(queue_id, limited, visibility_ms, expired, vis, seq,
         uid, payload, generation, attempts, max_attempts, priority, enqueued_at,
         timeout_ms, claimed_at, rn, metadata)``: no row, no such queue; ``vis`` NULL, nothing
         was claimed (the caller takes the general path); ``seq`` NULL on the one
@@ -491,7 +522,17 @@ class Store(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def take_jobs(self, conn: Any, *, queue_id: int, count: int, concurrency: int, worker: str, cap: int) -> list[dict]:
+    def take_jobs(
+        self,
+        conn: Any,
+        *,
+        queue_id: int,
+        count: int,
+        concurrency: int,
+        worker: str,
+        cap: int,
+        rate: RateGate | None = None,
+    ) -> list[dict]:
         """Inside a write transaction: mark up to ``count`` eligible jobs of queue ``queue_id`` running.
 
         Eligible: ``queued`` with ``run_at`` at or before now (database
@@ -506,10 +547,87 @@ class Store(abc.ABC):
         job's attempts and generation go up by one; ``claimed_at`` and
         ``changed_at`` are one database instant; ``worker`` is recorded.
 
+        With ``rate`` (a :class:`RateGate`) whose ``limit`` is above 0, the
+        queue's claims are serialised by that same lock, and no more jobs are
+        taken than the queue's claim log admits (:meth:`open_rate_gate`); the
+        jobs taken are logged (:meth:`close_rate_gate`).
+
         Returns dicts of :data:`TAKEN_COLUMNS` (in any order; ``[]`` when none).
         Writes no lease and no counter (the caller does). Several round trips
         where the backend needs them (see each store).
         """
+
+    # --- rate limits (docs/reference/semantics.md §9 "Rate limits") ------------------------------
+
+    def open_rate_gate(self, conn: Any, gate: RateGate, *, queue_id: int, want: int) -> int:
+        """Under the lock that serialises the queue's claims: how many of ``want`` jobs the window admits now.
+
+        Job number ``m`` of the queue (numbered from 0 in claim order, by
+        :class:`~django_fq.models.QueueRate`) may be claimed only when job
+        ``m - limit`` was claimed at least ``window_ms`` ago (database clock):
+        its :data:`RATE_LOG_TABLE` row has ``at <= now - window_ms``, or it has
+        no row (never claimed, or older than the last ``limit`` jobs). The
+        admitted jobs are the first ones of this claim up to the first that
+        may not be claimed yet, whose instant + ``window_ms`` is ``gate.free_at``;
+        at most ``limit`` (the next would wait for this claim's own first job:
+        :meth:`close_rate_gate` then sets ``free_at``).
+        Two round trips (three for a queue's first rate-limited claim): the
+        counter row, locked for update (a caller's REPEATABLE READ snapshot
+        older than the last claim fails there with a serialization error on
+        PostgreSQL, and reads the newest commit on MariaDB/MySQL), then one
+        index range of at most ``want`` log rows. Sets ``gate.next_n``,
+        ``gate.allowed``, ``gate.free_at`` and ``gate.now``; returns ``gate.allowed``.
+        """
+        from .. import db
+
+        lock = " FOR UPDATE" if self.supports_row_locks else ""
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT next_n FROM {RATE_TABLE} WHERE queue_id = %s{lock}", [queue_id])
+            row = cur.fetchone()
+            if row is None:
+                cur.execute(f"INSERT INTO {RATE_TABLE} (queue_id, next_n) VALUES (%s, 0)", [queue_id])
+            gate.next_n = 0 if row is None else int(row[0])
+            low = gate.next_n - gate.limit
+            # Jobs past the first ``limit`` of this claim would wait for this claim's own instant.
+            looked = min(want, gate.limit)
+            now = db.now_sql(conn)
+            cur.execute(
+                f"SELECT n, at, {now} FROM {RATE_LOG_TABLE} WHERE queue_id = %s AND n >= %s AND n < %s "
+                f"AND at > {now} - %s ORDER BY n LIMIT 1{self.fresh_read_sql(conn)}",
+                [queue_id, low, low + looked, gate.window_ms],
+            )
+            blocked = cur.fetchone()
+        gate.wanted = want
+        if blocked is None:
+            gate.allowed, gate.free_at, gate.now = looked, None, None  # close_rate_gate sets them if looked < want
+        else:
+            gate.allowed = int(blocked[0]) - low
+            gate.free_at, gate.now = int(blocked[1]) + gate.window_ms, int(blocked[2])
+        return gate.allowed
+
+    def close_rate_gate(self, conn: Any, gate: RateGate, *, queue_id: int, rows: Sequence[dict]) -> None:
+        """Log the jobs ``rows`` (as :meth:`take_jobs` returns them) that passed ``gate``; nothing for none.
+
+        Each gets the next number and the claim's instant (the latest
+        ``claimed_at`` of the claim, so no logged instant is earlier than a
+        job's); the counter moves on; rows older than the last ``limit`` jobs
+        go. Three round trips.
+        """
+        if not rows:
+            return
+        at = max(int(r["claimed_at"]) for r in rows)
+        if gate.free_at is None and gate.allowed < gate.wanted:
+            # Stopped by its own first job, claimed now: the next job may go one window later.
+            gate.free_at, gate.now = at + gate.window_ms, at
+        first, after = gate.next_n, gate.next_n + len(rows)
+        with conn.cursor() as cur:
+            cur.execute(f"UPDATE {RATE_TABLE} SET next_n = %s WHERE queue_id = %s", [after, queue_id])
+            values: list[int] = []
+            for n in range(first, after):
+                values += [queue_id, n, at]
+            marks = ", ".join(["(%s, %s, %s)"] * len(rows))
+            cur.execute(f"INSERT INTO {RATE_LOG_TABLE} (queue_id, n, at) VALUES {marks}", values)
+            cur.execute(f"DELETE FROM {RATE_LOG_TABLE} WHERE queue_id = %s AND n < %s", [queue_id, after - gate.limit])
 
     @abc.abstractmethod
     def lock_leases(self, conn: Any, queue_id: int, uids: Sequence[str], *, judge: bool = True) -> list[dict]:
@@ -1115,9 +1233,11 @@ class Store(abc.ABC):
 
         Jobs first: a claim in flight holds some job rows, so this waits for
         it to commit, and the leases it wrote are then seen (and deleted) by
-        the next statement. Six round trips (seven with a claim floor).
+        the next statement. Eight round trips (nine with a claim floor).
         """
-        tables: tuple[str, ...] = (JOB_TABLE, LEASE_TABLE, TOKEN_TABLE, COUNTER_TABLE, KEY_TABLE)
+        tables: tuple[str, ...] = (
+            JOB_TABLE, LEASE_TABLE, TOKEN_TABLE, COUNTER_TABLE, KEY_TABLE, RATE_TABLE, RATE_LOG_TABLE,
+        )  # fmt: skip
         if self.supports_claim_floor:
             tables += (FLOOR_TABLE,)
         with conn.cursor() as cur:

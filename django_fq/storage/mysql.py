@@ -31,9 +31,12 @@ from .base import (
     LEASE_TABLE,
     OFFLOADED,
     QUEUE_TABLE,
+    RATE_LOG_TABLE,
+    RATE_TABLE,
     TAKEN_COLUMNS,
     TOKEN_TABLE,
     Finding,
+    RateGate,
     Store,
     fetch_dicts,
     full_row,
@@ -594,7 +597,17 @@ class MysqlStore(Store):
             row = cur.fetchone()
         return () if row is None else (row[0], row[1], bool(row[2]), bool(row[3]))
 
-    def take_jobs(self, conn: Any, *, queue_id: int, count: int, concurrency: int, worker: str, cap: int) -> list[dict]:
+    def take_jobs(
+        self,
+        conn: Any,
+        *,
+        queue_id: int,
+        count: int,
+        concurrency: int,
+        worker: str,
+        cap: int,
+        rate: RateGate | None = None,
+    ) -> list[dict]:
         """Three round trips (seven with a concurrency limit): no ``UPDATE … RETURNING`` here.
 
         With a limit: the queue's claim lock (claims of the queue serialise
@@ -608,13 +621,16 @@ class MysqlStore(Store):
         share lock (a pause()'s ``UPDATE`` waits for those claims); without
         one, in the ``UPDATE`` that takes the jobs, which reads it after the
         locking read of the jobs (no round trip of its own; in a caller's
-        transaction, whose snapshot may be old, one locking read first).
+        transaction, whose snapshot may be old, one locking read first). A
+        rate limit takes the path of a concurrency limit, with its gate
+        (:meth:`Store.open_rate_gate`, :meth:`Store.close_rate_gate`) under the same claim lock.
         """
         from .. import db
 
         queue, job, lease = QUEUE_TABLE, JOB_TABLE, LEASE_TABLE
+        rate_limited = rate is not None and rate.limit > 0
         with conn.cursor() as cur:
-            if concurrency > 0:
+            if concurrency > 0 or rate_limited:
                 # Limited claims of the queue serialise on a lock of their own, not on the queue
                 # row: producers share-lock that row to their commit (delete_queue waits for
                 # them), and a claim taking it FOR UPDATE would wait for every open enqueue
@@ -622,7 +638,11 @@ class MysqlStore(Store):
                 # a share lock, which producers' share locks let through and configure()'s
                 # UPDATE waits for (and it for configure): a configure() that committed wins.
                 self._lock_row(cur, f"fq-queue-claims-{queue_id:x}")
-                cur.execute(f"SELECT concurrency, paused FROM {queue} WHERE id = %s LOCK IN SHARE MODE", [queue_id])
+                cur.execute(
+                    f"SELECT concurrency, paused, rate_limit, rate_window_ms FROM {queue} WHERE id = %s "
+                    "LOCK IN SHARE MODE",
+                    [queue_id],
+                )
                 row = cur.fetchone()
                 if row is None or row[1]:
                     return []
@@ -632,6 +652,13 @@ class MysqlStore(Store):
                     count = min(count, concurrency - cur.fetchone()[0])
                     if count <= 0:
                         return []
+                if rate is not None:
+                    rate.limit, rate.window_ms = row[2], row[3]
+                    rate_limited = rate.limit > 0
+                    if rate_limited:
+                        count = self.open_rate_gate(conn, rate, queue_id=queue_id, want=count)
+                        if count <= 0:
+                            return []
             elif self.may_read_stale(conn):
                 # A caller's snapshot may predate a pause(): read the flag from the newest commit.
                 cur.execute(f"SELECT paused FROM {queue} WHERE id = %s LOCK IN SHARE MODE", [queue_id])
@@ -667,7 +694,10 @@ class MysqlStore(Store):
             if cur.rowcount == 0:
                 return []  # paused meanwhile: the rows stay queued (locked until this transaction ends)
             cur.execute(f"SELECT {', '.join(TAKEN_COLUMNS)} FROM {job} WHERE seq IN ({marks})", seqs)
-            return fetch_dicts(cur)
+            taken = fetch_dicts(cur)
+        if rate is not None and rate_limited:
+            self.close_rate_gate(conn, rate, queue_id=queue_id, rows=taken)
+        return taken
 
     def write_progress(
         self,
@@ -1040,12 +1070,12 @@ class MysqlStore(Store):
         # InnoDB checks the lease → job foreign key at once (PostgreSQL and SQLite at commit), so
         # leases go before their jobs. Locking the jobs first waits for a claim in flight, as the
         # other backends' jobs-first DELETE does, so the leases it wrote are seen and go too; no
-        # claim takes a job this holds, and no enqueue adds one (the queue row is held). Six round trips.
+        # claim takes a job this holds, and no enqueue adds one (the queue row is held). Eight round trips.
         with conn.cursor() as cur:
             cur.execute(f"SELECT seq FROM {JOB_TABLE} WHERE queue_id = %s FOR UPDATE", [queue_id])
             cur.fetchall()
             self._delete_queue_bodies(cur, queue_id)
-            for table in (LEASE_TABLE, JOB_TABLE, TOKEN_TABLE, COUNTER_TABLE, KEY_TABLE):
+            for table in (LEASE_TABLE, JOB_TABLE, TOKEN_TABLE, COUNTER_TABLE, KEY_TABLE, RATE_TABLE, RATE_LOG_TABLE):
                 cur.execute(f"DELETE FROM {table} WHERE queue_id = %s", [queue_id])
             cur.execute(f"DELETE FROM {QUEUE_TABLE} WHERE id = %s", [queue_id])
 

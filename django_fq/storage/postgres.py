@@ -28,6 +28,7 @@ from .base import (
     TAKEN_COLUMNS,
     TOKEN_TABLE,
     Finding,
+    RateGate,
     Store,
     fetch_dicts,
     full_row,
@@ -40,7 +41,8 @@ NOW_SQL = "FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint"
 _ACKED_JSON = ACKED_JSON
 
 # The claim on PostgreSQL as one statement (autocommit makes it atomic): look the
-# queue up; if it has no concurrency limit and no expired lease to handle first
+# queue up; if it has no limit (``limited``: a concurrency or a rate limit, which take
+# take_jobs under the queue row's lock) and no expired lease to handle first
 # (``go``), lock up to n eligible jobs in claim order (FOR UPDATE SKIP LOCKED), keep
 # those within the payload cap, mark them running, write their leases and add to
 # the counters. Every row carries the queue's facts, so the caller can take the
@@ -59,12 +61,14 @@ _ACKED_JSON = ACKED_JSON
 # ``expired`` also says that a held job of a key with room has become due (a queue with
 # key_concurrency only; the CASE reads nothing otherwise): the slower path admits it first.
 _CLAIM_PG = """
-WITH q0 AS (SELECT id, concurrency, visibility_ms, paused, key_concurrency FROM {queue} WHERE name = %(name)s),
+WITH q0 AS (
+    SELECT id, concurrency > 0 OR rate_limit > 0 AS limited, visibility_ms, paused, key_concurrency
+    FROM {queue} WHERE name = %(name)s),
 fl AS (
     SELECT COALESCE(MAX(f.priority), 0) AS p, COALESCE(MAX(f.seq), 0) AS s, COALESCE(MAX(f.lease_from), 0) AS lf
     FROM {floor} f WHERE f.queue_id = (SELECT id FROM q0)),
 q AS (
-    SELECT q0.id, q0.concurrency, q0.visibility_ms, q0.paused,
+    SELECT q0.id, q0.limited, q0.visibility_ms, q0.paused,
         EXISTS (SELECT 1 FROM {lease} l
             WHERE l.queue_id = q0.id AND l.deadline >= fl.lf AND l.deadline <= (SELECT {now}))
         OR CASE WHEN q0.key_concurrency > 0 THEN EXISTS (SELECT 1 FROM {keys} k
@@ -72,7 +76,7 @@ q AS (
     FROM q0 CROSS JOIN fl),
 go AS (
     SELECT id, COALESCE(%(vis)s::bigint, visibility_ms) AS vis FROM q
-    WHERE concurrency = 0 AND (NOT expired OR %(after_reap)s::boolean)),
+    WHERE NOT limited AND (NOT expired OR %(after_reap)s::boolean)),
 c AS (SELECT {now} AS t{relax}),
 h AS (SELECT string_to_array(%(hashes)s, ',') AS a),
 gp AS (SELECT id FROM go WHERE NOT (SELECT paused FROM q)),
@@ -122,7 +126,7 @@ shard AS (
 spare AS (
     INSERT INTO {counter} (queue_id, claimed, wait_ms_sum, wait_count)
     SELECT (SELECT id FROM go), k, wait, k FROM totals WHERE k > 0 AND NOT EXISTS (SELECT 1 FROM shard))
-SELECT q.id, q.concurrency, q.visibility_ms, q.expired, (SELECT vis FROM go), seq, uid, payload, generation,
+SELECT q.id, q.limited, q.visibility_ms, q.expired, (SELECT vis FROM go), seq, uid, payload, generation,
     attempts, max_attempts, priority, enqueued_at, timeout_ms, claimed_at, rn, metadata
 FROM q LEFT JOIN taken ON true
 """
@@ -507,9 +511,20 @@ class PostgresStore(Store):
             )
             return [(k, p, s) for k, p, s in cur.fetchall()]
 
-    def take_jobs(self, conn: Any, *, queue_id: int, count: int, concurrency: int, worker: str, cap: int) -> list[dict]:
-        """Up to four round trips: the limit re-read under ``FOR NO KEY UPDATE`` and the live leases counted
-        (only with a limit), the jobs locked ``FOR UPDATE SKIP LOCKED``, then one ``UPDATE … RETURNING``."""
+    def take_jobs(
+        self,
+        conn: Any,
+        *,
+        queue_id: int,
+        count: int,
+        concurrency: int,
+        worker: str,
+        cap: int,
+        rate: RateGate | None = None,
+    ) -> list[dict]:
+        """Up to four round trips: the limits re-read under ``FOR NO KEY UPDATE`` and the live leases counted
+        (only with a concurrency limit), the jobs locked ``FOR UPDATE SKIP LOCKED``, then one ``UPDATE …
+        RETURNING``; a rate limit adds its gate (:meth:`Store.open_rate_gate`, :meth:`Store.close_rate_gate`)."""
         from django.db.models import Exists
 
         from .. import db
@@ -517,19 +532,29 @@ class PostgresStore(Store):
 
         queue, job, lease = QUEUE_TABLE, JOB_TABLE, LEASE_TABLE
         now = db.now_sql(conn)
+        rate_limited = rate is not None and rate.limit > 0
         with conn.cursor() as cur:
-            if concurrency > 0:
-                # Re-read the limit under the lock: a configure() that committed
-                # meanwhile must not be overruled by the value read above. NO KEY
+            if concurrency > 0 or rate_limited:
+                # Re-read the limits under the lock: a configure() that committed
+                # meanwhile must not be overruled by the values read above. NO KEY
                 # UPDATE still serializes claims and configure, but does not wait
                 # for enqueues, which hold the row FOR KEY SHARE until they commit.
-                cur.execute(f"SELECT concurrency FROM {queue} WHERE id = %s FOR NO KEY UPDATE", [queue_id])
-                concurrency = cur.fetchone()[0]
+                cur.execute(
+                    f"SELECT concurrency, rate_limit, rate_window_ms FROM {queue} WHERE id = %s FOR NO KEY UPDATE",
+                    [queue_id],
+                )
+                concurrency, rate_limit, window_ms = cur.fetchone()
                 if concurrency > 0:  # 0 now means unlimited
                     cur.execute(f"SELECT COUNT(*) FROM {lease} WHERE queue_id = %s", [queue_id])
                     count = min(count, concurrency - cur.fetchone()[0])
                     if count <= 0:
                         return []
+                if rate is not None:
+                    rate.limit, rate.window_ms = rate_limit, window_ms
+                    if rate_limit > 0:
+                        count = self.open_rate_gate(conn, rate, queue_id=queue_id, want=count)
+                        if count <= 0:
+                            return []
             # The pause flag in the statement that locks the jobs (an uncorrelated subquery,
             # evaluated once): the jobs and the flag come from one snapshot.
             paused = Queue.objects.using(conn.alias).filter(id=queue_id, paused=True)
@@ -551,7 +576,10 @@ class PostgresStore(Store):
                 f"FROM c WHERE seq IN ({marks}) RETURNING {returning}",
                 [worker, *seqs],
             )
-            return fetch_dicts(cur)
+            taken = fetch_dicts(cur)
+        if rate is not None and rate.limit > 0:
+            self.close_rate_gate(conn, rate, queue_id=queue_id, rows=taken)
+        return taken
 
     def end_expired_leases(self, conn: Any, *, queue_id: int | None, limit: int) -> list[dict]:
         """:meth:`Store.end_expired_leases` as one ``DELETE … WHERE job_id = ANY(ARRAY(…))``.

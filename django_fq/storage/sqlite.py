@@ -21,6 +21,7 @@ from .base import (
     QUEUE_TABLE,
     TAKEN_COLUMNS,
     Finding,
+    RateGate,
     Store,
     fetch_dicts,
 )
@@ -168,13 +169,32 @@ class SqliteStore(Store):
         needle = f"|{tag}|"
         return qs.filter(tags__contains=needle).alias(fq_tag_at=StrIndex("tags", Value(needle))).filter(fq_tag_at__gt=0)
 
-    def take_jobs(self, conn: Any, *, queue_id: int, count: int, concurrency: int, worker: str, cap: int) -> list[dict]:
-        """One ``UPDATE … RETURNING`` that picks, caps and takes (the write transaction holds the database)."""
+    def take_jobs(
+        self,
+        conn: Any,
+        *,
+        queue_id: int,
+        count: int,
+        concurrency: int,
+        worker: str,
+        cap: int,
+        rate: RateGate | None = None,
+    ) -> list[dict]:
+        """One ``UPDATE … RETURNING`` that picks, caps and takes (the write transaction holds the database).
+
+        A rate limit (``rate.limit`` as the caller read it in this write
+        transaction) adds its gate before and after it (:meth:`Store.open_rate_gate`).
+        """
         from .. import db
 
         job, lease = JOB_TABLE, LEASE_TABLE
         now = db.now_sql(conn)
         returning = ", ".join(TAKEN_COLUMNS)
+        if rate is not None and rate.limit > 0:
+            # The write transaction holds the database: the log read here is the newest.
+            count = self.open_rate_gate(conn, rate, queue_id=queue_id, want=count)
+            if count <= 0:
+                return []
         with conn.cursor() as cur:
             # One statement takes the write lock and the jobs at once, whatever
             # the transaction mode, so two processes can never take one job; it
@@ -193,7 +213,10 @@ class SqliteStore(Store):
                 f"LIMIT {limit})) WHERE cum <= %s) RETURNING {returning}",
                 [worker, queue_id, queue_id, *params, cap],
             )
-            return fetch_dicts(cur)
+            taken = fetch_dicts(cur)
+        if rate is not None and rate.limit > 0:
+            self.close_rate_gate(conn, rate, queue_id=queue_id, rows=taken)
+        return taken
 
     def lock_leases(self, conn: Any, queue_id: int, uids: Sequence[str], *, judge: bool = True) -> list[dict]:
         """One round trip: the write transaction holds the database, so the read is the lock."""

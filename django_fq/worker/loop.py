@@ -16,6 +16,11 @@ a stop is requested, or the poll interval passes. The poll interval starts
 at ``poll_interval_ms`` and doubles while idle up to ``max_poll_interval_ms``
 (reset when work is found); on PostgreSQL polling is only the safety net.
 
+A queue whose rate limit stopped a claim (docs/reference/semantics.md §9
+"Rate limits") is not claimed from again until the claim's ``rate_wait_ms``
+has passed: the loop then sleeps until the soonest such slot frees (or a
+shorter poll), rather than asking the database again on every wakeup.
+
 The loop ends (returning why) on a stop request or signal, an orphaned
 child's supervisor gone, ``max_jobs`` claimed and done, or in a ``burst``
 run once nothing is eligible. A database error never ends it (except a
@@ -76,6 +81,8 @@ class ClaimLoop:
         self._policies: dict[str, tuple[int, float]] = {}
         self._queue_set = set(worker.queues)
         self._signals = 0
+        #: Per queue: the monotonic time before which its rate limit lets no claim through.
+        self._rate_until: dict[str, float] = {}
 
     def run(self) -> str:
         """Claim and wait until the worker is done; return why it stopped (for the ``worker.stop`` line)."""
@@ -125,12 +132,19 @@ class ClaimLoop:
             if failing_since is not None:
                 emit(logging.WARNING, "worker.reconnected", worker=self.worker.worker_id, step="claim", after_s=time.monotonic() - failing_since)
                 failing_since, backoff, failures = None, 0.0, 0
+            rate_wait = self.rate_wait()
             if got:
                 poll = self.worker.poll_interval_s
-                if more or self.worker.burst or len(self.hand) >= self.capacity:
+                if more or (self.worker.burst and rate_wait is None) or len(self.hand) >= self.capacity:
                     continue  # a queue gave all it was asked for (it may have more), or no slot is free
-                # Queues are drained for now; a finished job, a notification or the poll brings the next round.
-                self.wait(poll)
+                # Queues are drained for now; a finished job, a notification, the poll or a
+                # rate limit's next slot brings the next round.
+                self.wait(poll if rate_wait is None else min(poll, rate_wait))
+                continue
+            if rate_wait is not None:
+                # Jobs wait behind a rate limit (eligible now, so a burst run waits for them too):
+                # sleep until its next slot frees, then claim at once. No poll doubling.
+                self.wait(min(poll, rate_wait))
                 continue
             # A burst run is done when a claim made while it held no job found nothing. A claim
             # made while jobs were in hand can come back empty because of them (a concurrency
@@ -141,6 +155,15 @@ class ClaimLoop:
             woke = self.wait(poll)
             if not woke:
                 poll = min(self.worker.max_poll_interval_s, max(poll * 2, 0.001))
+
+    def rate_wait(self) -> float | None:
+        """Seconds until the soonest rate-limited queue lets a claim through (``None``: no queue waits)."""
+        if not self._rate_until:
+            return None
+        now = time.monotonic()
+        for name in [n for n, until in self._rate_until.items() if until <= now]:
+            del self._rate_until[name]  # its slot has freed: claim from it as usual
+        return min(self._rate_until.values()) - now if self._rate_until else None
 
     def allowance(self) -> int | None:
         """Jobs still allowed by ``max_jobs`` (``None``: no limit)."""
@@ -214,6 +237,9 @@ class ClaimLoop:
             if free <= 0:
                 break
             name = self.worker.queues[(start + i) % n]
+            if name in self._rate_until and self._rate_until[name] > time.monotonic():
+                continue  # its rate limit lets no claim through yet: no round trip to hear that again
+            self._rate_until.pop(name, None)  # set again by claim_into if the rate limit stops this claim
             lanes = self.worker.batch_runner
             if lanes is not None and name in lanes.sizes:
                 # A batch queue claims one batch at a time (django_fq.worker.batch).
@@ -227,7 +253,10 @@ class ClaimLoop:
                         continue
                 share = min(MAX_CLAIM, -(-free // (n - i)), self._ask.get(name, MAX_CLAIM))
             taken = self.worker.claim_into(name, share)  # a method, so a subclass of Worker may still wrap it
-            self._ask[name] = share * _ASK_GROWTH if taken == share else max(_MIN_ASK, 2 * taken)
+            if name in self._rate_until:
+                self._ask[name] = share  # short because of the rate limit, not of jobs: ask as much next time
+            else:
+                self._ask[name] = share * _ASK_GROWTH if taken == share else max(_MIN_ASK, 2 * taken)
             got += taken
             more = more or taken == share
         return got, more
@@ -267,6 +296,11 @@ class ClaimLoop:
             self._policies.pop(queue, None)
             return 0
         end = time.monotonic()
+        if jobs.rate_wait_ms:
+            # Counted from the claim's start, before its reading of the database clock (which decided
+            # the wait): a claim that comes a little early costs one round trip, one that comes late
+            # leaves the slot idle, and that slack would add up over every window.
+            self._rate_until[queue] = start + jobs.rate_wait_ms / 1000
         if not jobs:
             return 0
         emit(logging.INFO, "worker.claim", worker=self.worker.worker_id, queue=queue, asked=count, got=len(jobs))

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from .. import services
-from ..exceptions import FqError, InvalidJson, InvalidReceipt, PayloadTooLarge, ReceiptCancelled
+from ..exceptions import FqError, InvalidJson, InvalidReceipt, PayloadTooLarge, ReceiptCancelled, SnoozeLimit
 from ..types import SettleResult
 from .dbconn import drop_connection, is_db_error
 from .events import JobSettled
@@ -71,15 +71,20 @@ class Settler:
         try:
             if outcome.kind == "snooze":
                 delay = outcome.delay_ms
-                settled = self.call(
-                    running,
-                    "release",
-                    lambda: services.release(claimed.queue, claimed.receipt, error="snoozed", delay_ms=delay),
-                )
-                self.hand.count("snoozed")
-                emit(logging.INFO, "job.snoozed", **where, ms=outcome.elapsed_ms, delay_ms=delay, run_at=settled.run_at)
-                self.published(running, "released", settled.state, started, reason="snoozed")
-                return settled
+                try:
+                    settled = self.call(
+                        running,
+                        "release",
+                        lambda: services.release(claimed.queue, claimed.receipt, error="snoozed", delay_ms=delay),
+                    )
+                except SnoozeLimit as exc:
+                    # Snoozed as often as a job may be: this attempt fails (backoff, then dead).
+                    outcome = Outcome("failed", error=exc.message, summary=exc.message, elapsed_ms=outcome.elapsed_ms)
+                else:
+                    self.hand.count("snoozed")
+                    emit(logging.INFO, "job.snoozed", **where, ms=outcome.elapsed_ms, delay_ms=delay, run_at=settled.run_at)
+                    self.published(running, "released", settled.state, started, reason="snoozed")
+                    return settled
             if outcome.kind == "ok":
                 try:
                     settled = self.call(running, "ack", lambda: services.ack(claimed.queue, claimed.receipt, result=outcome.result))

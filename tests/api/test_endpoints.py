@@ -31,6 +31,8 @@ POLICY_DEFAULTS = {
     "timeout_ms": 0,
     "ttl_ms": 0,
     "key_concurrency": 0,
+    "rate_limit": 0,
+    "rate_window_ms": 1000,
 }
 EPOCH_2020_MS = 1_577_836_800_000
 

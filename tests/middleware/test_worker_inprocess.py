@@ -74,3 +74,21 @@ def test_a_worker_refuses_to_start_with_broken_middleware(settings):
     settings.FQ_HANDLER_MIDDLEWARE = ["tests.middleware.mw.async_only"]
     with pytest.raises(WorkerConfigError, match="async-only"):
         Worker([Q], handlers={Q: lambda job: None})
+
+
+def test_a_snooze_past_the_limit_fails_the_attempt_with_a_clear_error():
+    from django_fq.models import Job
+    from django_fq.validation import MAX_SNOOZES
+
+    fq.configure(Q, max_attempts=3, backoff_ms=0)
+    job = fq.enqueue(Q, {}).id
+    Job.objects.filter(uid=job).update(snoozes=MAX_SNOOZES)
+
+    def handler(job):
+        raise Snooze(1000)
+
+    stats = Worker([Q], handlers={Q: handler}, burst=True, poll_interval_ms=10, reaper=False, max_jobs=1).run()
+    assert stats.snoozed == 0 and stats.failed == 1
+    info = fq.get(Q, job)
+    assert info.attempts == 1 and info.snoozes == MAX_SNOOZES
+    assert info.errors[-1]["kind"] == "nack" and "snooze limit reached" in info.last_error

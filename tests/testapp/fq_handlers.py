@@ -146,6 +146,12 @@ for _queue in ("t.ctl", "t.ctl.a", "t.ctl.b"):
     handler(_queue)(controlled)
 
 
+@handler("t.rate")
+def rate_limited(job):
+    """Nothing to do: the rate-limit tests read the claim instants the database recorded."""
+    return None
+
+
 # --- progress reports (tests/worker/test_progress.py) ----------------------------------------
 
 #: With this set, every progress write the worker child makes is appended to that file as a

@@ -61,6 +61,8 @@ OPTION_OF_FIELD = {
     "max_backoff_ms": "--max-backoff",
     "visibility_ms": "--visibility",
     "ttl_ms": "--ttl",
+    "rate_limit": "--rate-limit",
+    "rate_window_ms": "--rate-window",
     "count": "--count",
     "wait_ms": "--wait",
     "worker": "--worker",
@@ -88,6 +90,8 @@ POLICY_OPTIONS = (
     ("timeout", "timeout_ms", "MS", "a running job past this fails with a timeout (0-7 days, 0 = none)"),
     ("ttl", "ttl_ms", "MS", "delete the queue once empty and idle this long (0-365 days, 0 = never)"),
     ("key-concurrency", "key_concurrency", "N", "jobs of one concurrency key running at once (0-100000, 0 = unlimited)"),
+    ("rate-limit", "rate_limit", "N", "claims allowed in any window of --rate-window (0-1000000, 0 = no rate limit)"),
+    ("rate-window", "rate_window_ms", "MS", "the rate limit's sliding window (1 ms - 24 h, default 1000)"),
 )
 
 
@@ -480,8 +484,9 @@ class Command(BaseCommand):
         ]
 
         def human(_):
+            limited = f"rate limit reached: the next job may be claimed in {claimed.rate_wait_ms} ms"
             if not claimed:
-                return "no eligible job"
+                return limited if claimed.rate_wait_ms else "no eligible job"
             blocks = []
             for j in claimed:
                 blocks.append(
@@ -491,7 +496,7 @@ class Command(BaseCommand):
                         indent="  ",
                     )
                 )
-            return "\n".join(blocks)
+            return "\n".join([*blocks, limited] if claimed.rate_wait_ms else blocks)
 
         self._emit(data, human)
 
@@ -828,6 +833,7 @@ def _job_text(d: dict) -> str:
         ("state", d["state"]),
         ("priority", d["priority"]),
         ("attempts", f"{d['attempts']}/{d['max_attempts']}"),
+        ("snoozes", d["snoozes"]),
         ("run_at", _when(d["run_at"])),
         ("enqueued_at", _when(d["enqueued_at"])),
         ("changed_at", _when(d["changed_at"])),
