@@ -20,8 +20,8 @@ version 1.
 "enqueued_at", "changed_at", "claimed_at", "finished_at", "attempts",
 "max_attempts", "generation", "timeout_ms", "payload", "result",
 "last_error", "errors", "unique_key", "idempotency", "worker", "metadata",
-"concurrency_key"}`` — ``state``
-is ``scheduled``, ``ready``, ``succeeded``, ``dead`` or ``cancelled``;
+"concurrency_key", "depends_on"}`` — ``state``
+is ``waiting``, ``scheduled``, ``ready``, ``succeeded``, ``dead`` or ``cancelled``;
 ``payload`` and ``result`` are JSON values (``result`` null when unset);
 ``metadata`` the job's metadata object (null or absent when it has none; its
 ``"tags"`` rebuild the tags column on import). The key came with metadata in
@@ -29,7 +29,15 @@ is ``scheduled``, ``ready``, ``succeeded``, ``dead`` or ``cancelled``;
 (docs/reference/semantics.md §9 "Per-key limits"; absent or null: none) came
 the same way: a job waiting for its key's slot is exported ``scheduled`` or
 ``ready``, and an import into a queue with ``key_concurrency`` admits the
-waiting keyed jobs again, in claim order, up to the limit.
+waiting keyed jobs again, in claim order, up to the limit (a ``waiting`` keyed
+job takes no slot until its dependencies have succeeded). ``depends_on`` (absent
+when the job has no dependency) lists ``{"id", "on_failure", "pending"}`` per
+dependency, which may be a job of any queue, in the file or in the importing
+database; the import writes the edges once every line is in (an unknown
+dependency is refused by line and ``depends_on[i]``), and keeps an edge pending
+only while its dependency has not succeeded there
+(docs/reference/semantics.md §9 "Dependencies"). It came with dependencies, and
+older importers refuse it as an unknown key; the format stays version 1.
 
 ``{"type": "token", "queue", "token", "job_id", "created_at", "expires_at"}``
 
@@ -90,7 +98,8 @@ from django.db.models import Case, F, Field, Value, When
 
 from . import conf, db, payloads, storage, validation
 from .exceptions import ImportConflict, InvalidArgument, InvalidBackup, QueueNotFound, TooManyQueues
-from .models import WAITING, IdempotencyToken, Job, Queue
+from .models import QUEUED_STATES, Dependency, IdempotencyToken, Job, Queue
+from .services import dependencies
 from .services import keys as slots
 from .services._base import (
     JOB,
@@ -128,7 +137,7 @@ _MS_SUM = 2**62
 _HISTORY_KEEP = 100  # newest error-history entries kept, as the engine keeps them (append_history)
 _POLICY_FIELDS = tuple(QueuePolicy.__dataclass_fields__)
 _TOTALS = TOTAL_NAMES + TIMING_NAMES
-_EXPORTED_STATES = ("scheduled", "ready", "succeeded", "dead", "cancelled")
+_EXPORTED_STATES = ("waiting", "scheduled", "ready", "succeeded", "dead", "cancelled")
 
 _HEADER_KEYS = frozenset({"format", "version", "exported_at", "database"})
 _QUEUE_KEYS = frozenset({"type", "name", "created_at", "policy", "totals", "paused", "paused_at"})
@@ -137,6 +146,7 @@ _JOB_KEYS = frozenset(
         "type", "queue", "id", "state", "priority", "run_at", "enqueued_at", "changed_at", "claimed_at",
         "finished_at", "attempts", "max_attempts", "generation", "timeout_ms", "payload", "result",
         "last_error", "errors", "unique_key", "idempotency", "worker", "metadata", "concurrency_key",
+        "depends_on",
     }
 )  # fmt: skip
 _TOKEN_KEYS = frozenset({"type", "queue", "token", "job_id", "created_at", "expires_at"})
@@ -287,8 +297,8 @@ def _exported_state():
     """The state a job is exported with: its reported state, except ``running`` → ``ready``."""
     return Case(
         When(state="running", then=Value("ready")),
-        When(state__in=WAITING, run_at__gt=db.DbNow(), then=Value("scheduled")),
-        When(state__in=WAITING, then=Value("ready")),
+        When(state__in=QUEUED_STATES, run_at__gt=db.DbNow(), then=Value("scheduled")),
+        When(state__in=QUEUED_STATES, then=Value("ready")),
         default=F("state"),
     )
 
@@ -321,6 +331,7 @@ def _job_pages(queue_id: int, exported_at: int):
         # the export's snapshot; the line holds the payload as if it were in the row. Never the
         # marker (``"payload":,`` is a line no import reads): see _bodiless.
         gone = _bodiless(page, payloads.fill(db.connection(), page))
+        edges = _edges_of([r["seq"] for r in page])
         for r in page:
             if gone and r["uid"] in gone:
                 continue
@@ -353,11 +364,29 @@ def _job_pages(queue_id: int, exported_at: int):
                 "concurrency_key": r["concurrency_key"],
                 "worker": r["worker"],
                 "metadata": None if r["metadata"] is None else _Stored(r["metadata"]),
+                **({"depends_on": edges[r["seq"]]} if r["seq"] in edges else {}),
                 "was_running": int(was_running),
             }
         if len(page) < _BATCH:
             return
         last = page[-1]["seq"]
+
+
+def _edges_of(seqs: list[int]) -> dict[int, list[dict]]:
+    """The dependencies of jobs ``seqs`` (one page), as export items: ``{"id", "on_failure", "pending"}``."""
+    out: dict[int, list[dict]] = {}
+    if not seqs:
+        return out
+    rows = (
+        manager(Dependency)
+        .filter(job_id__in=seqs)
+        .order_by("job_id", "upstream_id")
+        .values_list("job_id", "upstream__uid", "on_failure", "pending")
+    )
+    for seq, uid, policy, pending in rows:
+        if uid is not None:  # the dependency was pruned: the edge is history
+            out.setdefault(seq, []).append({"id": uid, "on_failure": policy, "pending": bool(pending)})
+    return out
 
 
 #: The payload text an export writes for a job that exists without its offloaded body (made dead
@@ -473,6 +502,26 @@ def import_jsonl(lines: Iterable[str | bytes], *, dry_run: bool = False, progres
     finally:
         source.close()
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _import_edges(line: _Line) -> list[tuple[str, str, bool]]:
+    """A job line's ``depends_on``: ``(uid, on_failure, pending)`` per item; ``[]`` when absent."""
+    raw = line.get("depends_on", default=None)
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or not all(isinstance(e, dict) for e in raw):
+        raise line.error('must be a list of {"id", "on_failure", "pending"} objects', "depends_on")
+    pending = []
+    for i, e in enumerate(raw):
+        flag = e.get("pending", True)
+        if not isinstance(flag, bool):
+            raise line.error(f"must be true or false, not {_kind(flag)}", f"depends_on[{i}].pending")
+        pending.append(flag)
+    try:
+        parsed = dependencies.parse([{k: v for k, v in e.items() if k != "pending"} for e in raw]) or ()
+    except InvalidArgument as exc:
+        raise line.error(exc.message, exc.field) from None
+    return [(e.id, e.on_failure, flag) for e, flag in zip(parsed, pending, strict=True)]
 
 
 def _history_entry(line: _Line, entry: dict) -> dict:
@@ -605,6 +654,8 @@ class _PendingJob:
     line: int
     queue: _QueueState
     job: _Row = field(repr=False)
+    #: ``(uid, on_failure, pending)`` of each dependency the line lists.
+    edges: list = field(default_factory=list, repr=False)
 
 
 @dataclass
@@ -628,6 +679,9 @@ class _Importer:
         self.tokens: list[_PendingToken] = []
         self.token_queues: dict[str, dict[str, int]] = {}  # job id -> {queue name: first token line naming it}
         self.counts = defaultdict(int)
+        #: Jobs this import created that list dependencies: their edges are written at the end,
+        #: once every job of the file is in (a dependency may come later in the file).
+        self.with_edges: list[_PendingJob] = []
 
     # -- reading lines --------------------------------------------------------------------------
 
@@ -778,7 +832,10 @@ class _Importer:
         enqueued_at = line.integer("enqueued_at", 0, _SAFE)
         max_attempts = line.integer("max_attempts", *POLICY_BOUNDS["max_attempts"])
         attempts = line.integer("attempts", 0, max_attempts, hint="a job never passes its max_attempts")
-        waiting = state in ("scheduled", "ready")
+        edges = _import_edges(line)
+        if state == "waiting" and not any(pending for _, _, pending in edges):
+            raise line.error("a waiting job needs a pending dependency", "depends_on")
+        waiting = state in ("scheduled", "ready", "waiting")
         if waiting and attempts == max_attempts:
             # Only a job running on its last attempt is exported so (by exports before the attempt was
             # given back on export): give it back now, so its next claim is its last attempt.
@@ -786,7 +843,7 @@ class _Importer:
         job = _Row(
             uid=uid,
             queue_id=q.id,
-            state="queued" if waiting else state,
+            state="queued" if state in ("scheduled", "ready") else state,
             priority=line.integer("priority", validation.MIN_PRIORITY, validation.MAX_PRIORITY),
             run_at=line.integer("run_at", 0, _SAFE),
             enqueued_at=enqueued_at,
@@ -809,12 +866,12 @@ class _Importer:
             tags=tags,
             concurrency_key=line.concurrency_key(),
         )
-        if job.unique_key is not None and job.state == "queued":
+        if job.unique_key is not None and job.state in ("queued", "waiting"):
             other = self.key_lines.setdefault((q.name, job.unique_key), line.n)
             if other != line.n:
                 raise line.error(f"the active job on line {other} holds the same unique_key", "unique_key")
         self.job_lines[uid] = line.n
-        self.jobs.append(_PendingJob(line.n, q, job))
+        self.jobs.append(_PendingJob(line.n, q, job, edges))
 
     def _token(self, line: _Line) -> None:
         q = self._declared(line)
@@ -861,13 +918,15 @@ class _Importer:
                 )
         keyed = defaultdict(list)
         for p in new:
-            if p.job.unique_key is not None and p.job.state == "queued":
+            if p.job.unique_key is not None and p.job.state in ("queued", "waiting"):
                 keyed[p.queue.id].append(p)
         for queue_id, items in keyed.items():
             holders = dict(
                 manager(Job)
                 .filter(
-                    queue_id=queue_id, state__in=("queued", "running", "held"), unique_key__in=[p.job.unique_key for p in items]
+                    queue_id=queue_id,
+                    state__in=("waiting", "queued", "running", "held"),
+                    unique_key__in=[p.job.unique_key for p in items],
                 )
                 .values_list("unique_key", "uid")
             )
@@ -891,8 +950,9 @@ class _Importer:
         conn = db.connection()
         storage.for_connection(conn).insert_bodies(conn, bodies)
         for p in new:
-            p.queue.active += int(p.job.state == "queued")
+            p.queue.active += int(p.job.state in ("queued", "waiting"))
             p.queue.keyed |= p.job.state == "queued" and p.job.concurrency_key is not None
+        self.with_edges += [p for p in new if p.edges]
         self.counts["jobs_created"] += len(new)
 
     def _flush_tokens(self) -> None:
@@ -938,6 +998,7 @@ class _Importer:
             )
         self._flush_jobs()
         self._flush_tokens()
+        self._write_edges()
         conn = db.connection()
         for q in self.queues.values():
             # The rule every writer of jobs and tokens follows (the enqueue's), with the import's error.
@@ -960,6 +1021,46 @@ class _Importer:
                 slots.rebalance(conn, queue_id=q.id, queue=q.name, limit=limit)
             if q.active:
                 db.notify(conn, q.name)  # delivered at commit: idle workers look at once
+
+    def _write_edges(self) -> None:
+        """The edges of the jobs this import created, now that every job of the file is in.
+
+        A dependency must exist (in the file or the database): else the line is
+        refused, naming ``depends_on[i]``. An edge stays pending only for a
+        waiting job and a dependency that has not succeeded (nor failed under
+        ``run``) in the database now; a waiting job left with no pending edge is ready.
+        """
+        if not self.with_edges:
+            return
+        conn = db.connection()
+        store = storage.for_connection(conn)
+        found = store.lock_dependencies(conn, [uid for p in self.with_edges for uid, _, _ in p.edges])
+        seqs = store.job_seqs(conn, [p.job.uid for p in self.with_edges])
+        rows: list[tuple[int, int, str, bool]] = []
+        waiting: list[tuple[int, int]] = []
+        ready: list[tuple[int, int]] = []
+        for p in self.with_edges:
+            n = 0
+            for i, (uid, policy, pending) in enumerate(p.edges):
+                if uid not in found:
+                    raise InvalidBackup(
+                        f"no job {uid} in the file or the database (export the queue it belongs to too)",
+                        line=p.line,
+                        field=f"depends_on[{i}]",
+                    )
+                up_state = found[uid][1]
+                done = up_state == "succeeded" or (up_state in ("dead", "cancelled") and policy == "run")
+                still = pending and p.job.state == "waiting" and not done
+                n += still
+                rows.append((seqs[p.job.uid], found[uid][0], policy, still))
+            if p.job.state == "waiting":
+                (waiting if n else ready).append((seqs[p.job.uid], n))
+                # Made queued below: a keyed one is admitted to its key's slots by finish() (rebalance).
+                p.queue.keyed |= not n and p.job.concurrency_key is not None
+        store.insert_dependencies(conn, rows)
+        store.mark_waiting(conn, waiting)
+        if ready:
+            manager(Job).filter(seq__in=[seq for seq, _ in ready]).update(state="queued")
 
     def summary(self, dry_run: bool) -> ImportSummary:
         c = self.counts

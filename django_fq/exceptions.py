@@ -45,6 +45,18 @@ class InvalidArgument(FqError):
     code = "invalid"
 
 
+class InvalidDependency(InvalidArgument):
+    """A dependency is not a job of this database, or depends_on is malformed or too long."""
+
+    code = "invalid_dependency"
+
+
+class InvalidWorkflow(InvalidArgument):
+    """The workflow is not valid (a step name used twice, an unknown step, a cycle, a limit); nothing was written."""
+
+    code = "invalid_workflow"
+
+
 class InvalidQueueName(InvalidArgument):
     """Queue names are 1-200 characters from [A-Za-z0-9:._-]."""
 

@@ -8,8 +8,9 @@ Design notes (see ``docs/explanation/design.md``):
 * Every instant is a ``BigIntegerField`` of **epoch milliseconds** computed by
   the database clock, so comparisons are exact integer comparisons on every
   backend and the deadline a claim returns is exactly the one enforced.
-* A job's *stored* state is one of ``queued``/``running``/``succeeded``/
+* A job's *stored* state is one of ``waiting``/``queued``/``running``/``succeeded``/
   ``dead``/``cancelled``; ``scheduled`` vs ``ready`` is derived from ``run_at``.
+  ``waiting``: dependencies not yet satisfied (:class:`Dependency`); no claim reads it.
 * ``Job.seq`` (auto-increment) is the internal key and the FIFO order; the
   public id is ``Job.uid``, 32 hex characters of a random 128-bit value.
 * Counters are never a hot row: they are spread over :class:`QueueCounter`
@@ -30,6 +31,7 @@ _DEFAULT = QueuePolicy()
 class Stored(models.TextChoices):
     """Stored job states (``queued`` covers the reported ``scheduled`` and ``ready``)."""
 
+    WAITING = "waiting"
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
@@ -41,9 +43,10 @@ class Stored(models.TextChoices):
     HELD = "held"
 
 
-ACTIVE = (Stored.QUEUED, Stored.RUNNING, Stored.HELD)
-#: Stored states that report as ``scheduled`` or ``ready`` (by ``run_at``).
-WAITING = (Stored.QUEUED, Stored.HELD)
+ACTIVE = (Stored.WAITING, Stored.QUEUED, Stored.RUNNING, Stored.HELD)
+#: Stored states that report as ``scheduled`` or ``ready`` (by ``run_at``): not ``waiting``, which
+#: reports as itself (unfinished dependencies).
+QUEUED_STATES = (Stored.QUEUED, Stored.HELD)
 
 
 class CounterFields(models.Model):
@@ -173,6 +176,12 @@ class Job(models.Model):
     # Snoozes of this job since it was enqueued or last retried: at most MAX_SNOOZES
     # (docs/reference/semantics.md §9 "Verbs and arguments").
     snoozes = models.IntegerField(default=0, db_default=0)
+    # Dependencies (docs/how-to/workflows.md): ``waiting_on`` counts the job's edges not yet
+    # satisfied while it is ``waiting``; ``has_dependents`` is set once another job depends on
+    # this one, so an ack of a job without dependents never looks at the edge table (and
+    # PostgreSQL's one-statement ack leaves a job with dependents to the ack that releases them).
+    waiting_on = models.IntegerField(default=0, db_default=0)
+    has_dependents = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         db_table = "django_fq_job"
@@ -202,7 +211,7 @@ class Job(models.Model):
             models.UniqueConstraint(
                 fields=["queue", "unique_key"],
                 name="fq_job_active_unique_key",
-                condition=Q(state__in=["queued", "running", "held"]) & Q(unique_key__isnull=False),
+                condition=Q(state__in=["waiting", "queued", "running", "held"]) & Q(unique_key__isnull=False),
             ),
         ]
 
@@ -236,6 +245,37 @@ class Job(models.Model):
     def result_value(self):
         """The result decoded from its stored JSON text (``None`` if unset; a stand-in when too deep)."""
         return validation.stored_json(self.result, "result")
+
+
+class Dependency(models.Model):
+    """An edge of a workflow: job ``job`` runs only after job ``upstream`` succeeded.
+
+    ``pending`` while the edge still counts in the dependent's ``waiting_on``.
+    ``on_failure`` says what the dependent does when the upstream job goes dead
+    or is cancelled: ``cancel`` it (and its own dependents), ``run`` (the edge
+    counts as satisfied), or ``wait`` for a retry of the dead job
+    (docs/reference/semantics.md §9 "Dependencies"). No database foreign keys, as
+    for ``Job.queue``: the stores delete edges with their jobs (prune, delete_queue).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(
+        Job, on_delete=models.DO_NOTHING, related_name="dependency_edges", db_index=False, db_constraint=False
+    )
+    upstream = models.ForeignKey(
+        Job, on_delete=models.DO_NOTHING, related_name="dependent_edges", db_index=False, db_constraint=False
+    )
+    on_failure = models.CharField(max_length=6, default="cancel")
+    pending = models.BooleanField(default=True)
+
+    class Meta:
+        db_table = "django_fq_dependency"
+        constraints = [models.UniqueConstraint(fields=["job", "upstream"], name="fq_dep_edge")]
+        # The release on ack: the direct dependents of the jobs just finished, by index.
+        indexes = [models.Index(fields=["upstream", "job"], name="fq_dep_upstream")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} after job {self.upstream_id}"
 
 
 class JobPayload(models.Model):

@@ -15,9 +15,11 @@ class JobState(enum.StrEnum):
     """A job's reported state (docs/reference/semantics.md §3).
 
     ``scheduled`` and ``ready`` are one stored state (``queued``) told apart by
-    comparing ``run_at`` with the database's current time.
+    comparing ``run_at`` with the database's current time. ``waiting``: some
+    dependency has not succeeded yet (docs/reference/semantics.md §9 "Dependencies").
     """
 
+    WAITING = "waiting"
     SCHEDULED = "scheduled"
     READY = "ready"
     RUNNING = "running"
@@ -185,6 +187,11 @@ class JobInfo:
     ``key_concurrency`` (docs/reference/semantics.md §9 "Per-key limits"), or ``None``.
     ``snoozes``: how often the job was snoozed since its enqueue or last
     ``retry`` (at most 1,000; docs/reference/semantics.md §9 "Verbs and arguments").
+    ``depends_on`` (``get`` only) lists the job's dependencies and
+    ``dependents`` the jobs that depend on it (the first 1,000, oldest first),
+    each ``{"id", "queue", "state", "on_failure", "pending"}``: ``pending``
+    while the edge still holds the dependent ``waiting``
+    (docs/reference/semantics.md §9 "Dependencies").
     """
 
     id: str
@@ -214,6 +221,8 @@ class JobInfo:
     progress_at: int | None = None
     concurrency_key: str | None = None
     snoozes: int = 0
+    depends_on: list = field(default_factory=list)
+    dependents: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -171,7 +171,7 @@ def test_queues_lists_policy_and_counts():
     a, b = rows
     assert set(a) == {"name", "policy", "counts", "created_at", "paused", "paused_at"}
     assert (a["paused"], a["paused_at"]) == (False, None)
-    assert a["counts"] == {"scheduled": 1, "ready": 1, "running": 0, "succeeded": 0, "dead": 0, "cancelled": 0}
+    assert a["counts"] == {"waiting": 0, "scheduled": 1, "ready": 1, "running": 0, "succeeded": 0, "dead": 0, "cancelled": 0}
     assert b["counts"] == dict.fromkeys(STATE_NAMES, 0)
     assert b["policy"]["concurrency"] == 2
     assert a["created_at"] > EPOCH_2020_MS
@@ -626,7 +626,7 @@ def test_stats_json_shape():
     assert set(st) == {"queue", "counts", "totals", *TIMING_NAMES, "paused", "paused_at"}
     assert (st["paused"], st["paused_at"]) == (False, None)
     assert st["queue"] == Q
-    assert st["counts"] == {"scheduled": 1, "ready": 0, "running": 0, "succeeded": 1, "dead": 0, "cancelled": 0}
+    assert st["counts"] == {"waiting": 0, "scheduled": 1, "ready": 0, "running": 0, "succeeded": 1, "dead": 0, "cancelled": 0}
     assert set(TOTAL_NAMES) <= set(st["totals"])
     assert st["totals"]["enqueued"] == 2 and st["totals"]["claimed"] == 1 and st["totals"]["acked"] == 1
     assert st["wait_count"] == 1 and st["run_count"] == 1

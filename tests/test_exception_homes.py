@@ -3,7 +3,7 @@ raised it before re-export the very same class, so existing imports and ``except
 
 import pytest
 
-from django_fq import backup, checks, exceptions, handlers, scheduler, worker
+from django_fq import backup, checks, exceptions, handlers, scheduler, worker, workflows
 
 
 @pytest.mark.parametrize(
@@ -15,6 +15,7 @@ from django_fq import backup, checks, exceptions, handlers, scheduler, worker
         (scheduler, "ScheduleError"),
         (checks, "HandlerLoadError"),
         (handlers, "HandlerImportError"),
+        (workflows, "InvalidWorkflow"),
     ],
 )
 def test_public_exception_lives_in_exceptions_and_is_re_exported(module, name):

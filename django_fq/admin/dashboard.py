@@ -32,7 +32,7 @@ from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Outer
 from django.db.models.functions import Coalesce
 
 from .. import db, storage
-from ..models import WAITING, Job, Queue, QueueCounter
+from ..models import QUEUED_STATES, Job, Queue, QueueCounter
 from ..services._base import manager
 from ..types import STATE_NAMES, TIMING_NAMES, TOTAL_NAMES
 from . import display
@@ -59,8 +59,9 @@ def count_annotations() -> dict:
     """
     now = db.DbNow()
     conditions = {
-        "scheduled": Q(state__in=WAITING, run_at__gt=now),
-        "ready": Q(state__in=WAITING, run_at__lte=now),
+        "waiting": Q(state="waiting"),
+        "scheduled": Q(state__in=QUEUED_STATES, run_at__gt=now),
+        "ready": Q(state__in=QUEUED_STATES, run_at__lte=now),
         "running": Q(state="running"),
         "succeeded": Q(state="succeeded"),
         "dead": Q(state="dead"),
@@ -83,13 +84,13 @@ def count_annotations() -> dict:
 def busiest_queue_ids(limit: int) -> list[int]:
     """Ids of at most ``limit`` queues: those with the most unfinished jobs, then the others by name.
 
-    *Unfinished* is scheduled, ready, running or dead: what an operator looks
+    *Unfinished* is waiting, scheduled, ready, running or dead: what an operator looks
     at. One grouped query over those jobs, and one more over the queue table
     when fewer than ``limit`` queues have any.
     """
     busy = list(
         manager(Job)
-        .filter(state__in=("queued", "held", "running", "dead"))
+        .filter(state__in=("waiting", "queued", "held", "running", "dead"))
         .order_by()
         .values("queue_id")
         .annotate(n=Count("seq"))
@@ -107,9 +108,9 @@ def all_counts() -> dict[str, int]:
     """Jobs of every queue in each reported state, in one aggregate query (database clock)."""
     now = db.DbNow()
     conditions = {
-        "scheduled": Q(state__in=WAITING, run_at__gt=now),
-        "ready": Q(state__in=WAITING, run_at__lte=now),
-        **{s: Q(state=s) for s in ("running", "succeeded", "dead", "cancelled")},
+        "scheduled": Q(state__in=QUEUED_STATES, run_at__gt=now),
+        "ready": Q(state__in=QUEUED_STATES, run_at__lte=now),
+        **{s: Q(state=s) for s in ("waiting", "running", "succeeded", "dead", "cancelled")},
     }
     row = manager(Job).order_by().aggregate(**{s: Count("seq", filter=cond) for s, cond in conditions.items()})
     return {s: int(row.get(s) or 0) for s in STATE_NAMES}

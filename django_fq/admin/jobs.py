@@ -16,7 +16,6 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import Case, F, Value, When
 from django.db.models.functions import Left
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import path, reverse
@@ -25,7 +24,8 @@ from django.utils.html import format_html, format_html_join
 from .. import conf, db, storage, validation
 from .. import services as fq
 from ..exceptions import FqError
-from ..models import WAITING, Job, Lease
+from ..models import QUEUED_STATES, Dependency, Job, Lease
+from ..services._base import reported_state as reported_expression
 from ..services.jobs import requeue
 from ..types import STATE_NAMES
 from . import display
@@ -44,16 +44,16 @@ VERBS = {
     # One style: a verb and its object, sentence case (as the admin's own "Save and add another").
     "retry": (fq.retry, "Retry job", "retried", ("dead",)),
     "requeue": (requeue, "Requeue job now", "requeued", ("scheduled",)),
-    "cancel": (fq.cancel, "Cancel job", "cancelled", ("scheduled", "ready", "running", "dead")),
+    "cancel": (fq.cancel, "Cancel job", "cancelled", ("waiting", "scheduled", "ready", "running", "dead")),
 }
 
 
 def reported_state(qs, state: str):
     """``qs`` restricted to jobs whose reported state is ``state`` (database clock for scheduled/ready)."""
     if state == "scheduled":
-        return qs.filter(state__in=WAITING, run_at__gt=db.DbNow())
+        return qs.filter(state__in=QUEUED_STATES, run_at__gt=db.DbNow())
     if state == "ready":
-        return qs.filter(state__in=WAITING, run_at__lte=db.DbNow())
+        return qs.filter(state__in=QUEUED_STATES, run_at__lte=db.DbNow())
     return qs.filter(state=state)
 
 
@@ -153,6 +153,7 @@ class JobAdmin(display.FqModelAdmin):
         (None, {"fields": ("queue", "state_badge", "priority", "attempts_of", "snoozes", "timeout", "unique_key", "idempotency", "concurrency_key")}),
         ("Times (database clock, UTC)", {"fields": ("enqueued_at_at", "run_at_at", "claimed_at_at", "changed_at_at", "finished_at_at")}),
         ("Lease", {"fields": ("lease_deadline", "lease_worker", "lease_generation")}),
+        ("Dependencies", {"fields": ("depends_on_links", "dependents_links")}),
         ("Metadata", {"fields": ("tag_list", "metadata_pretty")}),
         ("Progress", {"fields": ("progress_full", "progress_at_at")}),
         ("Payload", {"fields": ("payload_pretty",)}),
@@ -169,7 +170,7 @@ class JobAdmin(display.FqModelAdmin):
             .get_queryset(request)
             .using(conf.database())
             .select_related("queue")
-            .annotate(reported=_reported_expression())
+            .annotate(reported=reported_expression())
         )
 
     def get_changelist(self, request, **kwargs):
@@ -298,6 +299,16 @@ class JobAdmin(display.FqModelAdmin):
         if obj.result is None:
             return display.EMPTY
         return display.json_block(obj.result_value)
+
+    @admin.display(description="depends on")
+    def depends_on_links(self, obj):
+        return _edge_links(Dependency, {"job_id": obj.seq}, "upstream", self.admin_site.name)
+
+    @admin.display(description="dependents")
+    def dependents_links(self, obj):
+        if not obj.has_dependents:
+            return display.EMPTY
+        return _edge_links(Dependency, {"upstream_id": obj.seq}, "job", self.admin_site.name)
 
     @admin.display(description="last error")
     def last_error_text(self, obj):
@@ -460,14 +471,42 @@ def _progress_html(job: Job, *, width: int) -> str:
     )
 
 
-def _reported_expression():
-    """The reported state as an ORM expression: ``queued`` splits into scheduled/ready by the database clock."""
-    now = db.DbNow()
-    return Case(
-        When(state__in=WAITING, run_at__gt=now, then=Value("scheduled")),
-        When(state__in=WAITING, then=Value("ready")),
-        default=F("state"),
+#: Edges listed on a job's page, each way (the job's dependencies are at most 1,000 anyway).
+EDGES_SHOWN = 1000
+
+
+def _edge_links(model, where: dict, other: str, site: str):
+    """The jobs at the other end of a job's edges: a link, the queue, the state and the edge's policy each."""
+    reported = reported_expression(f"{other}__")
+    rows = list(
+        model.objects.using(conf.database())
+        .filter(**where)
+        .annotate(reported=reported)
+        .order_by(f"{other}_id")
+        .values_list(f"{other}_id", f"{other}__uid", f"{other}__queue__name", "reported", "on_failure", "pending")[
+            : EDGES_SHOWN + 1
+        ]
     )
+    if not rows:
+        return display.EMPTY
+    items = format_html_join(
+        "",
+        '<li><a href="{}">{}</a> ({}) <span class="fq-state fq-state-{}">{}</span> on failure: {}{}</li>',
+        (
+            (
+                reverse("admin:django_fq_job_change", args=[seq], current_app=site),
+                uid,
+                queue,
+                state,
+                state,
+                policy,
+                " (pending)" if pending else "",
+            )
+            for seq, uid, queue, state, policy, pending in rows[:EDGES_SHOWN]
+        ),
+    )
+    more = format_html("<p>the first {} are shown</p>", EDGES_SHOWN) if len(rows) > EDGES_SHOWN else ""
+    return format_html('<ul class="fq-edges">{}</ul>{}', items, more)
 
 
 class JobChangeList(ChangeList):

@@ -160,6 +160,7 @@ class QueueAdmin(display.FqModelAdmin):
     list_per_page = 100
     show_full_result_count = False
 
+    count_waiting = _count_column("waiting")
     count_scheduled = _count_column("scheduled")
     count_ready = _count_column("ready")
     count_running = _count_column("running")

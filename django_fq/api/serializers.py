@@ -164,6 +164,14 @@ class EnqueueSerializer(serializers.Serializer):
         allow_null=True,
         help_text="at most the queue's key_concurrency jobs of one key run at once",
     )
+    depends_on = serializers.ListField(
+        child=AnyJSON(),
+        required=False,
+        allow_null=True,
+        max_length=1000,
+        help_text='jobs that must succeed first (any queue): job ids, or {"id": ..., "on_failure": '
+        '"cancel"|"run"|"wait"}; at most 1000',
+    )
 
 
 class BulkEnqueueSerializer(serializers.Serializer):
@@ -286,13 +294,46 @@ class JobListedSerializer(serializers.Serializer):
     snoozes = serializers.IntegerField(help_text="snoozes since the enqueue or the last retry (at most 1000)")
 
 
+class DependencyEdgeSerializer(serializers.Serializer):
+    """One edge of a job's dependencies, seen from the job (``depends_on``) or from its dependency (``dependents``)."""
+
+    id = serializers.CharField(help_text="the job at the other end of the edge")
+    queue = serializers.CharField()
+    state = serializers.ChoiceField(choices=STATE_NAMES)
+    on_failure = serializers.ChoiceField(choices=["cancel", "run", "wait"])
+    pending = serializers.BooleanField(help_text="true while the edge keeps the dependent waiting")
+
+
 class JobSerializer(JobListedSerializer):
-    """A job with its payload, result and error history. Never a receipt."""
+    """A job with its payload, result, error history and dependencies. Never a receipt."""
 
     payload = AnyJSON()
     result = AnyJSON()
+    depends_on = DependencyEdgeSerializer(many=True, help_text="the jobs this one depends on")
+    dependents = DependencyEdgeSerializer(many=True, help_text="the jobs that depend on this one (first 1000)")
     # DRF's metaclass moves declared fields off the class, so Serializer.errors is not shadowed.
     errors = ErrorEntrySerializer(many=True)  # type: ignore[assignment]
+
+
+class WorkflowStepSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    queue = serializers.CharField()
+    state = serializers.ChoiceField(choices=STATE_NAMES)
+    depends_on = serializers.ListField(child=serializers.CharField(), help_text="ids of the steps it depends on")
+
+
+class WorkflowSerializer(serializers.Serializer):
+    """A job's workflow: the jobs connected to it by dependencies (those of queues the user may manage)."""
+
+    id = serializers.CharField(help_text="the job asked about")
+    steps = WorkflowStepSerializer(many=True, help_text="in dependency order")
+    truncated = serializers.BooleanField(help_text="more than 10,000 jobs are connected; the first ones are listed")
+
+
+class WorkflowCancelledSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    cancelled = serializers.IntegerField(help_text="jobs cancelled, directly or by cascade")
+    finished = serializers.IntegerField(help_text="jobs that had finished already")
 
 
 class JobOutcomeSerializer(serializers.Serializer):

@@ -28,6 +28,12 @@ def api_patterns() -> list:
         path("queues/<str:queue>/jobs/<str:job_id>/retry/", views.JobRetryView.as_view(), name="job-retry"),
         path("queues/<str:queue>/jobs/<str:job_id>/cancel/", views.JobCancelView.as_view(), name="job-cancel"),
         path("queues/<str:queue>/jobs/<str:job_id>/wait/", views.JobWaitView.as_view(), name="job-wait"),
+        path("queues/<str:queue>/jobs/<str:job_id>/workflow/", views.JobWorkflowView.as_view(), name="job-workflow"),
+        path(
+            "queues/<str:queue>/jobs/<str:job_id>/workflow/cancel/",
+            views.JobWorkflowCancelView.as_view(),
+            name="job-workflow-cancel",
+        ),
         path("queues/<str:queue>/claim/", views.ClaimView.as_view(), name="claim"),
         path("queues/<str:queue>/ack/", views.AckView.as_view(), name="ack"),
         path("queues/<str:queue>/nack/", views.NackView.as_view(), name="nack"),

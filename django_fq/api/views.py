@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 
 from django.conf import settings
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -34,8 +35,17 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import services, validation
-from ..exceptions import CountOutOfRange, FqError, InvalidArgument, InvalidJson, InvalidTime, QueueNotFound
+from .. import services, validation, workflows
+from ..exceptions import (
+    CountOutOfRange,
+    FqError,
+    InvalidArgument,
+    InvalidDependency,
+    InvalidJson,
+    InvalidTime,
+    QueueNotFound,
+)
+from ..services import dependencies
 from ..services.enqueue import ENVELOPE_KEYS
 from ..services.jobs import job_not_found
 from ..types import STATE_NAMES, QueuePolicy
@@ -346,7 +356,7 @@ def _outcome(info) -> dict:
 
 def _listed(info) -> dict:
     out = asdict(info)
-    for key in ("payload", "result", "errors"):
+    for key in ("payload", "result", "errors", "depends_on", "dependents"):
         out.pop(key, None)
     return out
 
@@ -554,6 +564,7 @@ class JobsView(FqAPIView):
     def post(self, request, queue):
         env = _envelope(_body(request, ENVELOPE_KEYS, required=("payload",)))
         payload = env.pop("payload")
+        _dependency_rule(request, self, queue, [("", env)])
         with _creation_rule(request, self, queue) as create:
             result = services.enqueue(queue, payload, create_queue=create, **env)
         code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
@@ -595,6 +606,7 @@ class BulkEnqueueView(FqAPIView):
             if not isinstance(env, dict):
                 raise InvalidArgument(f"jobs[{i}] must be a JSON object", field=f"jobs[{i}]")
             items.append(_envelope(env, f"jobs[{i}]."))
+        _dependency_rule(request, self, queue, [(f"jobs[{i}].", env) for i, env in enumerate(items)])
         try:
             with _creation_rule(request, self, queue) as create:
                 results = services.enqueue_many(queue, items, create_queue=create)
@@ -620,6 +632,37 @@ def _creation_rule(request, view, queue: str):
             )
             exc.args = (exc.message,)
         raise
+
+
+def _dependency_rule(request, view, queue: str, envelopes: list[tuple[str, dict]]) -> None:
+    """A dependency on a job of another queue needs ``produce`` on that queue too (docs/rest-api.md).
+
+    Where a permission class limits users to some queues, a producer of one
+    queue must not reach into another's jobs through ``depends_on`` (learn its
+    state, hold its pruning). Refused as a job that does not exist (no oracle
+    of other queues' ids), before anything is written. A malformed
+    ``depends_on`` is left to the enqueue, which names it.
+    """
+    wanted: list[tuple[str, int, str]] = []
+    for prefix, env in envelopes:
+        try:
+            edges = dependencies.parse(env.get("depends_on"), f"{prefix}depends_on") or ()
+        except FqError:
+            continue
+        wanted += [(prefix, i, e.id) for i, e in enumerate(edges)]
+    if not wanted:
+        return
+    owners = dependencies.queues_of([uid for _, _, uid in wanted])
+    allowed: dict[str, bool] = {queue: True}
+    for prefix, i, uid in wanted:
+        other = owners.get(uid)
+        if other is None:
+            continue  # the enqueue reports it missing
+        if other not in allowed:
+            allowed[other] = holds(request, view, PRODUCE, other)
+        if not allowed[other]:
+            field = f"{prefix}depends_on[{i}]"
+            raise InvalidDependency(f"{field}: no job {uid} in this database", field=field)
 
 
 def _rename_items(exc: FqError) -> None:
@@ -680,6 +723,57 @@ class JobCancelView(FqAPIView):
     def post(self, request, queue, job_id):
         _body(request, set())  # no fields: an unknown one is refused, not ignored
         return Response(_job(services.cancel(queue, _job_id(queue, job_id))))
+
+
+class JobWorkflowView(FqAPIView):
+    """The workflow of a job: the jobs connected to it by dependencies (``manage``)."""
+
+    capabilities = {"GET": (MANAGE,)}
+
+    @_doc(
+        operation_id="job_workflow",
+        summary="The jobs connected to a job by dependencies, each way, in dependency order (at most 10,000)",
+        parameters=[_QUEUE_PARAM, _JOB_PARAM],
+        responses={200: s.WorkflowSerializer, **_errors(*_COMMON, 404)},
+        tags=["jobs"],
+    )
+    def get(self, request, queue, job_id):
+        info = workflows.show(queue, _job_id(queue, job_id))
+        # Only the jobs of queues this user may manage (a permission class may limit them).
+        allowed = _managed(request, self, {step["queue"] for step in info.steps})
+        shown = [step for step in info.steps if step["queue"] in allowed]
+        ids = {step["id"] for step in shown}
+        steps = [{**step, "depends_on": [u for u in step["depends_on"] if u in ids]} for step in shown]
+        return Response({"id": info.id, "steps": steps, "truncated": info.truncated})
+
+
+class JobWorkflowCancelView(FqAPIView):
+    """Cancel every unfinished job of a job's workflow (``manage`` on each queue it touches)."""
+
+    capabilities = {"POST": (MANAGE,)}
+
+    @_doc(
+        operation_id="job_workflow_cancel",
+        summary="Cancel every job of a job's workflow that has not finished, in one transaction",
+        parameters=[_QUEUE_PARAM, _JOB_PARAM],
+        request=None,
+        responses={200: s.WorkflowCancelledSerializer, **_errors(*_COMMON, 404, 415)},
+        tags=["jobs"],
+    )
+    def post(self, request, queue, job_id):
+        _body(request, set())
+        job_id = _job_id(queue, job_id)
+        info = workflows.show(queue, job_id)
+        touched = {step["queue"] for step in info.steps if step["state"] not in ("succeeded", "cancelled")}
+        refused = sorted(touched - _managed(request, self, touched))
+        if refused:
+            raise DjangoPermissionDenied(f"the workflow has unfinished jobs in queue {refused[0]}, which you may not manage")
+        return Response(asdict(workflows.cancel(queue, job_id)))
+
+
+def _managed(request, view, queues: set[str]) -> set[str]:
+    """Those of ``queues`` the user of ``request`` may manage."""
+    return {q for q in queues if holds(request, view, MANAGE, q)}
 
 
 class JobWaitView(FqAPIView):

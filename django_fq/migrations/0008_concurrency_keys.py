@@ -12,22 +12,7 @@ active-unique-key column recomputed with ``held``, and the held index with
 
 from django.db import migrations, models
 
-
-def _run(schema_editor, reverse: bool) -> None:
-    from django_fq import storage
-
-    conn = schema_editor.connection
-    store = storage.find(conn)
-    for sql in [] if store is None else store.keys_schema_sql(conn, reverse=reverse):
-        schema_editor.execute(sql, params=None)
-
-
-def forwards(apps, schema_editor):
-    _run(schema_editor, reverse=False)
-
-
-def backwards(apps, schema_editor):
-    _run(schema_editor, reverse=True)
+from ._store_ddl import operation
 
 
 class Migration(migrations.Migration):
@@ -108,6 +93,5 @@ class Migration(migrations.Migration):
                 name="fq_job_active_unique_key",
             ),
         ),
-        # Not atomic: MySQL cannot roll DDL back, and Django refuses DDL inside a transaction there.
-        migrations.RunPython(forwards, backwards, atomic=False, hints={"model_name": "job"}),
+        operation("keys_schema_sql"),
     ]

@@ -12,7 +12,7 @@ from django.db import IntegrityError, transaction
 
 from .. import conf, db, storage, validation
 from ..exceptions import QueueFull, QueueNotFound, TooManyQueues
-from ..models import IdempotencyToken, Job, Lease, Queue, QueueCounter
+from ..models import QUEUED_STATES, IdempotencyToken, Job, Lease, Queue, QueueCounter
 from ..types import TIMING_NAMES, TOTAL_NAMES, QueuePolicy
 
 JOB = Job._meta.db_table
@@ -42,6 +42,23 @@ def manager(model):
 _QUEUE_COLUMNS = tuple(
     f.attname for f in Queue._meta.concrete_fields if f.attname in {"id", "name", "created_at", "paused", "paused_at", *POLICY_FIELDS}
 )
+
+
+def reported_state(prefix: str = ""):
+    """The reported state of a job as an ORM expression (``prefix``: the path to the job, e.g. ``"job__"``).
+
+    ``queued`` and ``held`` (a job waiting for its key's slot) report as
+    ``scheduled`` while ``run_at`` is ahead of the database clock, else
+    ``ready``; every other stored state (``waiting`` included) as itself.
+    """
+    from django.db.models import Case, F, Value, When
+
+    now = db.DbNow()
+    return Case(
+        When(**{f"{prefix}state__in": QUEUED_STATES, f"{prefix}run_at__gt": now}, then=Value("scheduled")),
+        When(**{f"{prefix}state__in": QUEUED_STATES}, then=Value("ready")),
+        default=F(f"{prefix}state"),
+    )
 
 
 def get_queue(name: str, *, lock: bool = False) -> Queue:

@@ -18,6 +18,7 @@ from django.db import IntegrityError
 from .. import conf, db, middleware, payloads, storage, validation
 from ..exceptions import EnqueueRefused, InvalidArgument, InvalidTime
 from ..types import EnqueueResult
+from . import dependencies
 from . import keys as slots
 from ._base import (
     add_counters,
@@ -43,6 +44,7 @@ ENVELOPE_KEYS = frozenset(
         "timeout_ms",
         "metadata",
         "concurrency_key",
+        "depends_on",
     }
 )
 _CHUNK = 500  # rows per INSERT: well under SQLite's and PostgreSQL's parameter limits
@@ -72,11 +74,12 @@ class _Item(NamedTuple):
     metadata: str | None = None  # compact JSON text of a non-empty object
     tags: str | None = None  # the tags column: "|a|b|"
     concurrency_key: str | None = None
+    depends_on: tuple[dependencies.Edge, ...] | None = None  # docs/how-to/workflows.md
 
 
 #: An envelope with a payload only: every option after ``size`` at its default. ``_new_item(_Item, (text,
 #: size, *_NO_OPTIONS))`` skips NamedTuple's keyword-handling ``__new__`` (a Python function) per item.
-_NO_OPTIONS = (0, None, None, None, None, None, None, None, None, None, None)
+_NO_OPTIONS = (0, None, None, None, None, None, None, None, None, None, None, None)
 _new_item = tuple.__new__
 
 
@@ -94,6 +97,7 @@ def enqueue(
     timeout_ms: int | None = None,
     metadata: dict | None = None,
     concurrency_key: str | None = None,
+    depends_on: list | None = None,
     create_queue: bool = True,
 ) -> EnqueueResult:
     """Add one job to ``queue`` (created with the default policy if missing).
@@ -122,7 +126,15 @@ def enqueue(
         concurrency_key: 1–200 characters (no NUL), compared byte for byte;
             with the queue's ``key_concurrency`` K > 0, at most K jobs of one
             key run at once (docs/reference/semantics.md §9 "Per-key limits").
-            A duplicate keeps the first job's key.
+            A duplicate keeps the first job's key. A job that is ``waiting``
+            for dependencies takes no slot until the last one succeeds.
+        depends_on: jobs (of any queue of this database) that must succeed
+            before this one runs: a list of at most 1,000 job ids, each an id
+            or ``{"id": ID, "on_failure": "cancel" | "run" | "wait"}`` (what
+            the job does when that dependency goes dead or is cancelled;
+            default ``cancel``). Until then the job is ``waiting``
+            (docs/how-to/workflows.md). A duplicate (token, unique key) keeps
+            the first job's dependencies.
         create_queue: ``False`` raises :class:`QueueNotFound` (and writes
             nothing) when ``queue`` does not exist, instead of creating it.
             The REST API passes ``False`` for users who may not create queues
@@ -136,7 +148,8 @@ def enqueue(
     :class:`InvalidTime`, :class:`InvalidArgument`, :class:`QueueFull`,
     :class:`TooManyQueues` (creating the queue would pass ``FQ_MAX_QUEUES``),
     :class:`QueueNotFound` (only with ``create_queue=False``),
-    :class:`EnqueueRefused` (an enqueue middleware refused the job).
+    :class:`EnqueueRefused` (an enqueue middleware refused the job),
+    :class:`InvalidDependency` (field ``depends_on[i]``: malformed, or no such job).
     """
     validation.queue_name(queue)
     raw = {
@@ -151,10 +164,11 @@ def enqueue(
         "timeout_ms": timeout_ms,
         "metadata": metadata,
         "concurrency_key": concurrency_key,
+        "depends_on": depends_on,
     }
     chain = middleware.enqueue_chain()
     if chain is not None:
-        options = {k: v for k, v in raw.items() if v is not None and k not in ("payload", "metadata")}
+        options = {k: v for k, v in raw.items() if v is not None and k not in ("payload", "metadata", "depends_on")}
         raw["metadata"] = middleware.run_enqueue_middleware(chain, queue, payload, metadata, options)
     item = parse_options(raw)
     results = _write(queue, [item], batch=False, create=create_queue)
@@ -169,7 +183,7 @@ def enqueue_many(queue: str, items: Iterable[Mapping], *, create_queue: bool = T
     ``items`` are envelopes: mappings with a ``"payload"`` key and any of the
     options of :func:`enqueue` (``priority``, ``delay_ms``, ``at``,
     ``idempotency``, ``idempotency_retention_ms``, ``unique_key``,
-    ``max_attempts``, ``timeout_ms``, ``metadata``, ``concurrency_key``). ``FQ_ENQUEUE_MIDDLEWARE``
+    ``max_attempts``, ``timeout_ms``, ``metadata``, ``concurrency_key``, ``depends_on``). ``FQ_ENQUEUE_MIDDLEWARE``
     runs for each item (a refusal fails the whole batch: its ``field`` is
     ``items[i]``). Returns one :class:`EnqueueResult` per
     item, in input order. Items of one batch sharing a token or unique key
@@ -207,7 +221,7 @@ def _write(queue: str, items: list[_Item], *, batch: bool, create: bool = True) 
     offload = conf.payload_offload_bytes()
     if store.supports_one_statement_enqueue and all(
         it.token is None and it.unique_key is None and it.at is None and it.concurrency_key is None
-        and it.size <= offload
+        and it.depends_on is None and it.size <= offload
         for it in items
     ):
         known = (conn.alias, queue)
@@ -256,7 +270,7 @@ def _through(chain, queue: str, index: int, raw):
     """Envelope ``raw`` (item ``index``) with the metadata the enqueue middleware ``chain`` leaves."""
     if not isinstance(raw, Mapping) or "payload" not in raw:
         return raw  # _parse_item reports it
-    options = {k: v for k, v in raw.items() if k not in ("payload", "metadata") and v is not None}
+    options = {k: v for k, v in raw.items() if k not in ("payload", "metadata", "depends_on") and v is not None}
     try:
         meta = middleware.run_enqueue_middleware(chain, queue, raw["payload"], raw.get("metadata"), options)
     except EnqueueRefused as exc:
@@ -324,6 +338,7 @@ def parse_options(raw: Mapping, limit: int | None = None, encode=None) -> _Item:
         metadata=meta_text,
         tags=tags,
         concurrency_key=validation.concurrency_key(raw.get("concurrency_key")),
+        depends_on=dependencies.parse(raw.get("depends_on")),
     )
 
 
@@ -376,6 +391,9 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool, create: bool = 
         results.append(EnqueueResult(uids[i], True))
         new.append(i)
 
+    with_deps = {i: deps for i in new if (deps := items[i].depends_on)}
+    wanted = [(f"items[{i}]." if batch else "", deps) for i, deps in with_deps.items()]
+    found = dependencies.check(conn, wanted) if wanted else {}
     if new:
         check_queue_room(conn, q.id, jobs=len(new))
         _lock_keys(conn, q.id, {items[i].unique_key for i in new})
@@ -404,10 +422,20 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool, create: bool = 
     store = storage.for_connection(conn)
     for token, target in token_fixups.items():
         store.point_token(conn, q.id, token, target)
-    keyed = [(uids[i], items[i].concurrency_key) for i in new if items[i].concurrency_key] if new else []
-    keyed = [(uid, key) for uid, key in keyed if uid in created]
+    parked: set[str] = set()
+    if wanted:  # the created jobs' edges; a job coalesced onto another keeps that one's dependencies
+        made = {r.id for r in results if r.created}
+        jobs = [(uids[i], q.id, deps) for i, deps in with_deps.items() if uids[i] in made]
+        if jobs:
+            parked = dependencies.attach(conn, now=now, jobs=jobs, found=found)
+    keyed = [(uids[i], key) for i in new if (key := items[i].concurrency_key) and uids[i] in created]
     if keyed:  # held or admitted to their key's slots, in this transaction (services.keys)
-        slots.admit_enqueued(conn, queue_id=q.id, queue=queue, limit=q.key_concurrency, jobs=keyed)
+        # A job waiting for dependencies (or cancelled by one) only records its key: it takes no
+        # slot until its release admits it (dependencies.finished).
+        slots.admit_enqueued(
+            conn, queue_id=q.id, queue=queue, limit=q.key_concurrency, jobs=[k for k in keyed if k[0] not in parked]
+        )
+        slots.admit_enqueued(conn, queue_id=q.id, queue=queue, limit=0, jobs=[k for k in keyed if k[0] in parked])
 
     if new:  # the new jobs' enqueue times, as the database wrote them
         results = [EnqueueResult(r.id, True, created[r.id]) if r.created else r for r in results]

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 import time
 
 from django.db import IntegrityError, transaction
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import F, Q
 
 from .. import db, payloads, storage, validation
 from ..exceptions import InvalidArgument, InvalidCursor, InvalidState, JobNotFound, WaitTimeout
-from ..models import ACTIVE, WAITING, Job, Lease
+from ..models import ACTIVE, QUEUED_STATES, Job, Lease
 from ..types import STATE_NAMES, TIMING_NAMES, TOTAL_NAMES, JobInfo, JobPage, JobState, QueueStats
+from . import dependencies
 from . import keys as slots
-from ._base import add_counters, append_history, counter_sums, get_queue, history_entry, manager
+from ._base import add_counters, append_history, counter_sums, get_queue, history_entry, manager, reported_state
 from .queues import counts
 
 FINAL_STATES = frozenset({"succeeded", "dead", "cancelled"})
@@ -27,13 +29,7 @@ _LIST_FIELDS = (
 
 
 def _reported():
-    now = db.DbNow()
-    return Case(
-        # A held job (waiting for a slot of its concurrency key) reports as a queued one.
-        When(state__in=WAITING, run_at__gt=now, then=Value("scheduled")),
-        When(state__in=WAITING, then=Value("ready")),
-        default=F("state"),
-    )
+    return reported_state()  # a held job (waiting for a slot of its concurrency key) reports as a queued one
 
 
 def _info(row: dict, queue: str, *, full: bool) -> JobInfo:
@@ -99,14 +95,20 @@ def get(queue: str, job_id: str) -> JobInfo:
     q = get_queue(queue)
     if not validation.job_id(job_id):
         raise job_not_found(queue, job_id)
-    rows = list(_job_rows(q.id).filter(uid=job_id).values(*_LIST_FIELDS, "reported", "lease_deadline", "payload", "result", "errors"))
+    rows = list(
+        _job_rows(q.id)
+        .filter(uid=job_id)
+        .values(*_LIST_FIELDS, "reported", "lease_deadline", "payload", "result", "errors", "seq", "has_dependents")
+    )
     if not rows:
         raise job_not_found(queue, job_id)
     if payloads.fill(db.connection(), rows) and not _job_rows(q.id).filter(uid=job_id).exists():
         # The body is gone with its job (pruned, its queue deleted after the row was read). A job
         # still there without its body (made dead for it) is shown with the stand-in payload.
         raise job_not_found(queue, job_id)
-    return _info(rows[0], queue, full=True)
+    info = _info(rows[0], queue, full=True)
+    edges = dependencies.edges_of(rows[0]["seq"], dependents=rows[0]["has_dependents"])
+    return dataclasses.replace(info, **edges) if edges else info
 
 
 # Listing orders (docs/reference/semantics.md §9): each is a tuple of (field, descending?) ending in seq.
@@ -158,7 +160,7 @@ def jobs(
     if state is not None:
         qs = qs.filter(reported=state)
         if state in ("scheduled", "ready", "running"):
-            qs = qs.filter(state="running") if state == "running" else qs.filter(state__in=WAITING)
+            qs = qs.filter(state="running") if state == "running" else qs.filter(state__in=QUEUED_STATES)
         else:
             qs = qs.filter(state=state)
     if cursor is not None and cursor != FIRST_PAGE:
@@ -225,7 +227,7 @@ def retry(queue: str, job_id: str) -> JobInfo:
     Raises :class:`JobNotFound`, :class:`InvalidState` (not dead, or its
     unique_key is now held by another active job, named in the error).
     """
-    q = get_queue(queue)
+    get_queue(queue)  # QueueNotFound before any transaction
 
     def apply():
         conn = db.connection()
@@ -280,7 +282,7 @@ def requeue(queue: str, job_id: str) -> JobInfo:
     def apply():
         conn = db.connection()
         job = _lock_job(q.id, queue, job_id)
-        if job.state not in WAITING:
+        if job.state not in QUEUED_STATES:
             raise InvalidState(f"only scheduled or ready jobs can be requeued; this job is {job.state}", field="job_id", state=job.state)
         # Still queued: the claim floor never passes a queued job, due or not, so it needs no lowering.
         moved = manager(Job).filter(seq=job.seq, run_at__gt=db.DbNow()).update(run_at=db.DbNow(), changed_at=db.DbNow())
@@ -294,11 +296,13 @@ def requeue(queue: str, job_id: str) -> JobInfo:
 
 
 def cancel(queue: str, job_id: str) -> JobInfo:
-    """Take a scheduled, ready, running or dead job out of the work: state ``cancelled``.
+    """Take a waiting, scheduled, ready, running or dead job out of the work: state ``cancelled``.
 
     A running job's lease ends at once and its receipt then raises
     :class:`ReceiptCancelled`. Raises :class:`JobNotFound`,
-    :class:`InvalidState` (already succeeded or cancelled).
+    :class:`InvalidState` (already succeeded or cancelled). Its dependents are
+    cancelled too, or released, as their edges' ``on_failure`` says
+    (docs/reference/semantics.md §9 "Dependencies").
     """
     q = get_queue(queue)
 
@@ -329,8 +333,9 @@ def cancel(queue: str, job_id: str) -> JobInfo:
         add_counters(conn, q.id, cancelled=1, active=-int(job.state in ACTIVE))
         if job.state in ("queued", "running") and job.concurrency_key is not None:
             # Its slot goes to the key's next held job (the limit is read under the key's lock:
-            # nothing without one).
+            # nothing without one). A waiting or held job has no slot.
             slots.give_back(conn, queue_id=q.id, queue=queue, freed=[job.concurrency_key])
+        dependencies.finished(conn, [job.seq], "cancelled")  # its dependents, by their edges' policies
 
     db.retrying(apply)
     return get(queue, job_id)

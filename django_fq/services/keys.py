@@ -62,7 +62,30 @@ def admit_enqueued(conn, *, queue_id: int, queue: str, limit: int, jobs: Sequenc
             _admit(conn, queue_id, queue, limit, rows, {k: r["admitted"] for k, r in rows.items()})
 
 
-def give_back(conn, *, queue_id: int, queue: str | None, freed: Iterable[str]) -> None:
+def admit_released(conn, *, queue_id: int, queue: str, jobs: Sequence[tuple[int, str, int]]) -> None:
+    """Jobs this transaction just released from ``waiting`` (``(seq, concurrency_key, priority)`` each,
+    queued now): admit them.
+
+    As :func:`admit_enqueued` does for new keyed jobs: under the key rows'
+    locks, with the queue's ``key_concurrency`` read there, the jobs are held,
+    then the key's due held jobs are admitted in claim order while it has room.
+    A queue whose limit is 0 by then keeps them queued (its claim floor comes
+    down to them). A waiting job took no slot, so none changes hands here.
+    """
+    store = storage.for_connection(conn)
+    for chunk in _chunks(sorted({key for _, key, _ in jobs})):
+        mine = set(chunk)
+        part = [(seq, priority) for seq, key, priority in jobs if key in mine]
+        limit, rows = store.lock_keys(conn, queue_id, chunk, create=True)
+        if limit == 0:
+            store.lower_claim_floors(conn, [(queue_id, priority, seq) for seq, priority in part])
+            db.notify(conn, queue)
+            continue
+        store.hold_jobs(conn, [seq for seq, _ in part], now=db.now_sql(conn))
+        _admit(conn, queue_id, queue, limit, rows, {k: r["admitted"] for k, r in rows.items()})
+
+
+def give_back(conn, *, queue_id: int, queue: str | None, freed: Iterable[str | None]) -> None:
     """One slot of each key in ``freed`` (a key once per slot) is free again: admit the next held jobs.
 
     Call it in the transaction that ended the lease or took the admitted job
@@ -81,7 +104,7 @@ def give_back(conn, *, queue_id: int, queue: str | None, freed: Iterable[str]) -
         _admit(conn, queue_id, queue, limit, rows, {k: max(0, r["admitted"] - counts[k]) for k, r in rows.items()})
 
 
-def admit(conn, *, queue_id: int, queue: str | None, keys: Iterable[str], create: bool = True) -> None:
+def admit(conn, *, queue_id: int, queue: str | None, keys: Iterable[str | None], create: bool = True) -> None:
     """Admit due held jobs of ``keys`` while they have room (a retry, a requeue, a wake); no slot changes hands.
 
     ``create=False``: the key rows exist already (a wake), so none is inserted.

@@ -28,6 +28,7 @@ from ..exceptions import FqError, InvalidReceipt, QueueNotFound, ReceiptCancelle
 from ..models import Job, Queue
 from ..storage.base import RateGate, split_by_bytes
 from ..types import ClaimedJob, ClaimedJobs, SettleResult
+from . import dependencies
 from . import keys as slots
 from ._base import (
     JOB,
@@ -581,7 +582,7 @@ def _ack_judged(queue: str, items: list[tuple[str, str | None, str]]) -> list:
         conn = db.connection()
         if relaxed:
             db.relax_commit(conn)
-        found = _locked_leases(conn, q.id, requests, judge=False)
+        found = _locked_leases(conn, q.id, requests, judge=False, lock_jobs=True)
         live = [(i, lease) for i, lease in enumerate(found) if isinstance(lease, dict)]
         if live:
             acked = storage.for_connection(conn).ack_locked(
@@ -594,6 +595,11 @@ def _ack_judged(queue: str, items: list[tuple[str, str | None, str]]) -> list:
             for i, lease in live:
                 if lease["job_id"] not in acked:  # its deadline passed before the locks were granted
                     found[i] = InvalidReceipt("invalid or expired receipt: the lease has expired", field="receipt")
+            # The one-statement ack leaves jobs with dependents to this path: release them here
+            # (first: a dependent of the same key then takes its place in claim order among the held).
+            flagged = [lease["job_id"] for _, lease in live if lease["has_dependents"] and lease["job_id"] in acked]
+            if flagged:
+                dependencies.finished(conn, flagged, "succeeded")
             freed = [lease["concurrency_key"] for _, lease in live if lease["job_id"] in acked]
             slots.give_back(conn, queue_id=q.id, queue=queue, freed=freed)
         return [
@@ -607,7 +613,7 @@ def _ack_judged(queue: str, items: list[tuple[str, str | None, str]]) -> list:
         conn = db.connection()
         if relaxed:
             db.relax_commit(conn)
-        found = _locked_leases(conn, q.id, requests)
+        found = _locked_leases(conn, q.id, requests, lock_jobs=True)
         live = [(i, lease) for i, lease in enumerate(found) if isinstance(lease, dict)]
         if live:
             now = live[0][1]["now"]
@@ -623,6 +629,11 @@ def _ack_judged(queue: str, items: list[tuple[str, str | None, str]]) -> list:
                 store.mark_acked(conn, now=now, acks=run)
             run_ms = sum(max(0, now - lease["claimed_at"]) for _, lease in live)
             add_counters(conn, q.id, acked=len(live), active=-len(live), run_ms_sum=run_ms, run_count=len(live))
+            # In the ack's transaction (semantics §9); the flag was read under the job rows' locks.
+            # Released first: a dependent of the same key then takes its place in claim order among the held.
+            flagged = [lease["job_id"] for _, lease in live if lease["has_dependents"]]
+            if flagged:
+                dependencies.finished(conn, flagged, "succeeded")
             slots.give_back(conn, queue_id=q.id, queue=queue, freed=[lease["concurrency_key"] for _, lease in live])
         return [
             SettleResult(id=lease["uid"], state="succeeded") if isinstance(lease, dict) else lease for lease in found
@@ -893,7 +904,9 @@ def _locked_lease(conn, queue_id: int, receipt: str, op: str, args: str | None =
     return found
 
 
-def _locked_leases(conn, queue_id: int, requests: Sequence[tuple[str, str, str | None]], *, judge: bool = True) -> list:
+def _locked_leases(
+    conn, queue_id: int, requests: Sequence[tuple[str, str, str | None]], *, judge: bool = True, lock_jobs: bool = False
+) -> list:
     """Batch form of :func:`_locked_lease` for ``(receipt, op, args)`` requests.
 
     Returns per request: the locked live lease row (a dict), a replay
@@ -901,12 +914,14 @@ def _locked_leases(conn, queue_id: int, requests: Sequence[tuple[str, str, str |
     locked in job order, so concurrent batches cannot deadlock. With
     ``judge=False`` (only where the store has the one-statement ack) the deadline is not checked here: the
     caller's next statement must check it, under the locks taken here.
+    ``lock_jobs`` (the ack): the job rows are locked too, and each lease row
+    says whether its job ``has_dependents`` (see the store's ``lock_leases``).
     """
     parsed = [receipts.parse(r) for r, _, _ in requests]
     uids = sorted({p.job_id for p in parsed if p is not None})
     rows: dict[str, dict] = {}
     if uids:
-        found = storage.for_connection(conn).lock_leases(conn, queue_id, uids, judge=judge)
+        found = storage.for_connection(conn).lock_leases(conn, queue_id, uids, judge=judge, lock_jobs=lock_jobs)
         rows = {r["uid"]: {"live": 1, **r} for r in found}
     out: list = []
     taken: set[str] = set()
@@ -1065,6 +1080,8 @@ def fail_attempt(
     changes["settled_outcome"] = outcome
     changes["settled_args"] = settled_args
     manager(Job).filter(seq=lease["job_id"]).update(**changes)
+    if dead:
+        dependencies.finished(conn, [lease["job_id"]], "dead")
     if key is not None and (dead or held):
         if freed is None:
             slots.give_back(conn, queue_id=job.queue.id, queue=None, freed=[key])

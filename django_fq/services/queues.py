@@ -100,6 +100,10 @@ def counts(queue_id: int) -> dict[str, int]:
 def delete_queue(queue: str) -> None:
     """Delete ``queue`` with its jobs, leases, idempotency tokens and counters.
 
+    A job of another queue that depends on one of its unfinished jobs is
+    treated as if that dependency were cancelled (its edge's ``on_failure``:
+    ``run`` releases it, ``cancel`` and ``wait`` cancel it).
+
     Raises :class:`QueueNotFound` if it does not exist.
     """
 
@@ -110,6 +114,13 @@ def delete_queue(queue: str) -> None:
         # them, and stop new ones, so the DELETE below sees every job.
         store = storage.for_connection(conn)
         store.lock_queue_row(conn, QUEUE, q.id, exclusive=True)
+        # Jobs of other queues that depend on this queue's unfinished jobs: their dependencies
+        # go away as if cancelled (docs/reference/semantics.md §9 "Dependencies").
+        unfinished = [seq for seq, state in store.queue_dependency_rows(conn, q.id) if state != "succeeded"]
+        if unfinished:
+            from . import dependencies
+
+            dependencies.finished(conn, unfinished, "cancelled")
         store.delete_queue_rows(conn, q.id)
 
     db.retrying(apply)

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from .dependencies import DependencySql
+
 #: django-fq's tables (its models' ``Meta.db_table``, written out: the stores run before apps load;
 #: tests/storage/test_conformance_leases.py checks that they agree).
 QUEUE_TABLE = "django_fq_queue"
@@ -154,7 +156,7 @@ class Finding:
     hint: str
 
 
-class Store(abc.ABC):
+class Store(DependencySql, abc.ABC):
     """One backend's SQL and capabilities. Subclasses set every flag and implement every method."""
 
     #: Django's ``connection.vendor`` this store serves.
@@ -285,6 +287,14 @@ class Store(abc.ABC):
         byte-wise text comparison). Building the list may read the catalog
         (one round trip); running it is the migration's.
         """
+
+    def dependency_schema_sql(self, conn: Any, *, reverse: bool = False) -> list[str]:
+        """DDL of migration 0011 beyond the models' (a waiting job holds its unique key); ``[]`` here.
+
+        Only MariaDB/MySQL needs any: there the generated column that stands for
+        the partial unique constraint names the states that hold a key.
+        """
+        return []
 
     # --- checks and start-up ---------------------------------------------------------------------
 
@@ -630,8 +640,14 @@ class Store(abc.ABC):
             cur.execute(f"DELETE FROM {RATE_LOG_TABLE} WHERE queue_id = %s AND n < %s", [queue_id, after - gate.limit])
 
     @abc.abstractmethod
-    def lock_leases(self, conn: Any, queue_id: int, uids: Sequence[str], *, judge: bool = True) -> list[dict]:
+    def lock_leases(
+        self, conn: Any, queue_id: int, uids: Sequence[str], *, judge: bool = True, lock_jobs: bool = False
+    ) -> list[dict]:
         """Inside a write transaction: lock the leases of queue ``queue_id`` held by jobs ``uids`` (public ids).
+
+        ``lock_jobs`` (the ack): lock the job rows too, after their leases, and
+        add each job's ``has_dependents`` as of that lock, so an enqueue that
+        made the job a dependency and committed while this waited is seen.
 
         Locks in job order (concurrent settles cannot deadlock) and waits for
         locks others hold. Returns one dict per lease found: ``uid``, the job's ``concurrency_key`` and
@@ -848,9 +864,10 @@ class Store(abc.ABC):
         """Inside a write transaction holding the queue row exclusively: lock and list the queue's keyed active jobs.
 
         The leases of its keyed running jobs are locked first (the settles'
-        order: lease, then job), then its keyed ``queued`` and ``running``
-        jobs; so a settle, a claim or a cancel in flight is waited for, and
-        the states returned are the newest. Returns ``(seq, key, state,
+        order: lease, then job), then its keyed ``queued``, ``running`` and
+        ``waiting`` jobs; so a settle, a claim, a cancel or the release of a
+        waiting job (which reads the limit after its lock: it then admits by
+        the new one) in flight is waited for, and the states returned are the newest. Returns ``(seq, key, state,
         priority, run_at)`` of each keyed ``queued``, ``running`` or ``held``
         job (held ones unlocked). Three round trips.
         """
@@ -863,7 +880,7 @@ class Store(abc.ABC):
             )
             cur.fetchall()
             cur.execute(
-                f"SELECT seq FROM {JOB_TABLE} WHERE queue_id = %s AND state IN ('queued', 'running') "
+                f"SELECT seq FROM {JOB_TABLE} WHERE queue_id = %s AND state IN ('queued', 'running', 'waiting') "
                 f"AND concurrency_key IS NOT NULL ORDER BY seq{lock}",
                 [queue_id],
             )
@@ -1116,7 +1133,7 @@ class Store(abc.ABC):
         with conn.cursor() as cur:
             cur.execute(
                 f"SELECT unique_key, uid FROM {JOB_TABLE} WHERE queue_id = %s "
-                f"AND state IN ('queued', 'running', 'held') AND unique_key IN ({marks})",
+                f"AND state IN ('waiting', 'queued', 'running', 'held') AND unique_key IN ({marks})",
                 [queue_id, *keys],
             )
             return dict(cur.fetchall())
@@ -1233,7 +1250,7 @@ class Store(abc.ABC):
 
         Jobs first: a claim in flight holds some job rows, so this waits for
         it to commit, and the leases it wrote are then seen (and deleted) by
-        the next statement. Eight round trips (nine with a claim floor).
+        the next statement. Ten round trips (eleven with a claim floor).
         """
         tables: tuple[str, ...] = (
             JOB_TABLE, LEASE_TABLE, TOKEN_TABLE, COUNTER_TABLE, KEY_TABLE, RATE_TABLE, RATE_LOG_TABLE,
@@ -1244,6 +1261,7 @@ class Store(abc.ABC):
             for table in tables:
                 if table == JOB_TABLE:  # a body goes with its job (the rows are held: no claim reads it now)
                     self._delete_queue_bodies(cur, queue_id)
+                    self.delete_queue_dependencies(conn, queue_id)
                 cur.execute(f"DELETE FROM {table} WHERE queue_id = %s", [queue_id])
             cur.execute(f"DELETE FROM {QUEUE_TABLE} WHERE id = %s", [queue_id])
 
@@ -1258,19 +1276,25 @@ class Store(abc.ABC):
     def prune_jobs(self, conn: Any, *, now: str, retention_ms: int, limit: int) -> int:
         """Delete at most ``limit`` succeeded/cancelled jobs finished ``retention_ms`` or more ago; the number deleted.
 
-        Rows other transactions hold are passed over where rows lock. One round trip.
+        A job an unfinished job depends on is kept (:meth:`prunable_sql`); the
+        edges into and out of the jobs deleted go with them. Rows other
+        transactions hold are passed over where rows lock. Three round trips
+        (four with offloaded bodies).
         """
         table = JOB_TABLE
         with conn.cursor() as cur:
             # RETURNING says which of the deleted jobs had their body offloaded: a second
             # statement (same transaction) deletes only those bodies, and only when there are any.
+            # A finished job that an unfinished one depends on stays (prunable_sql).
             cur.execute(
-                f"DELETE FROM {table} WHERE seq IN (SELECT seq FROM {table} WHERE state IN ('succeeded', 'cancelled') "
-                f"AND finished_at <= {now} - %s LIMIT %s{self.skip_locked_sql}) RETURNING uid, payload = %s",
+                f"DELETE FROM {table} WHERE seq IN (SELECT j.seq FROM {table} j WHERE j.state IN ('succeeded', "
+                f"'cancelled') AND j.finished_at <= {now} - %s AND {self.prunable_sql('j')} "
+                f"LIMIT %s{self.skip_locked_sql}) RETURNING uid, payload = %s, seq",
                 [retention_ms, limit, OFFLOADED],
             )
             rows = cur.fetchall()
-            self.delete_bodies(conn, [uid for uid, offloaded in rows if offloaded])
+            self.delete_bodies(conn, [r[0] for r in rows if r[1]])
+            self.delete_dependencies(conn, [r[2] for r in rows])
             return len(rows)
 
     def prune_tokens(self, conn: Any, *, now: str, limit: int) -> list[int]:

@@ -65,7 +65,7 @@ BINARY_COLUMNS: dict[str, tuple[str, ...]] = {
 #: Binary collations without trailing-space padding, preferred first (MariaDB's, MySQL 8's).
 NOPAD_BINARY = ("utf8mb4_nopad_bin", "utf8mb4_0900_bin")
 
-#: The job's unique key while the job is queued or running, else NULL (a generated column), and
+#: The job's unique key while the job is waiting, queued, running or held (migrations 0008, 0011), else NULL (a generated column), and
 #: the unique index over it that stands in for the models' partial constraint of the same name.
 ACTIVE_KEY_COLUMN = "active_unique_key"
 ACTIVE_KEY_INDEX = "fq_job_active_unique_key"
@@ -206,6 +206,7 @@ class MysqlStore(Store):
     embedded = False
     export_name = vendor
     key_share_sql = " LOCK IN SHARE MODE"
+    share_lock_sql = " LOCK IN SHARE MODE"
     skip_locked_sql = " FOR UPDATE SKIP LOCKED"
     clock_sql = NOW_SQL
 
@@ -438,24 +439,10 @@ class MysqlStore(Store):
         models' condition does elsewhere. Reverse: the active-key column of 0003
         again (Django drops the rest with the columns and the index).
         """
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() "
-                "AND TABLE_NAME = %s AND COLUMN_NAME = 'unique_key'",
-                [JOB_TABLE],
-            )
-            key_type = cur.fetchone()[0]
-        collate = f" CHARACTER SET utf8mb4 COLLATE {self.binary_collation(conn)}"
-        states = "'queued', 'running'" if reverse else "'queued', 'running', 'held'"
-        job = [
-            f"DROP INDEX {ACTIVE_KEY_INDEX}",
-            f"DROP COLUMN {ACTIVE_KEY_COLUMN}",
-            f"ADD COLUMN {ACTIVE_KEY_COLUMN} {key_type}{collate} "
-            f"AS (CASE WHEN state IN ({states}) THEN unique_key END) STORED",
-            f"ADD UNIQUE INDEX {ACTIVE_KEY_INDEX} (queue_id, {ACTIVE_KEY_COLUMN})",
-        ]
+        job = self._active_key_parts(conn, "'queued', 'running'" if reverse else "'queued', 'running', 'held'")
         if reverse:
             return [f"ALTER TABLE {JOB_TABLE} {', '.join(job)}"]
+        collate = f" CHARACTER SET utf8mb4 COLLATE {self.binary_collation(conn)}"
         job += [
             f"MODIFY concurrency_key varchar(200){collate} NULL",
             "DROP INDEX fq_job_key_held",
@@ -466,6 +453,28 @@ class MysqlStore(Store):
             f"ALTER TABLE {KEY_TABLE} MODIFY concurrency_key varchar(200){collate} NOT NULL",
         ]
 
+    def _active_key_parts(self, conn: Any, states: str) -> list[str]:
+        """``ALTER TABLE`` parts that rebuild the active-unique-key column for ``states`` (SQL text), and its index.
+
+        Dropped and added, with its unique index, in one ALTER (one rebuild):
+        both servers then agree, whatever they allow MODIFY to change. One round trip (the key's type).
+        """
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() "
+                "AND TABLE_NAME = %s AND COLUMN_NAME = 'unique_key'",
+                [JOB_TABLE],
+            )
+            key_type = cur.fetchone()[0]
+        collate = f" CHARACTER SET utf8mb4 COLLATE {self.binary_collation(conn)}"
+        return [
+            f"DROP INDEX {ACTIVE_KEY_INDEX}",
+            f"DROP COLUMN {ACTIVE_KEY_COLUMN}",
+            f"ADD COLUMN {ACTIVE_KEY_COLUMN} {key_type}{collate} "
+            f"AS (CASE WHEN state IN ({states}) THEN unique_key END) STORED",
+            f"ADD UNIQUE INDEX {ACTIVE_KEY_INDEX} (queue_id, {ACTIVE_KEY_COLUMN})",
+        ]
+
     def _insert_keys(self, cur: Any, queue_id: int, keys: Sequence[str]) -> None:
         # INSERT IGNORE: no ON CONFLICT here; the only index a new key row can meet is (queue, key).
         cur.execute(
@@ -473,6 +482,12 @@ class MysqlStore(Store):
             f"VALUES {', '.join(['(%s, %s, 0)'] * len(keys))}",
             [v for k in keys for v in (queue_id, k)],
         )
+
+    def dependency_schema_sql(self, conn: Any, *, reverse: bool = False) -> list[str]:
+        # The column again, with the states that hold a key: forward ``waiting`` too (migration
+        # 0011), backward the three of migration 0008 (keys_schema_sql).
+        states = "'queued', 'running', 'held'" if reverse else "'waiting', 'queued', 'running', 'held'"
+        return [f"ALTER TABLE {JOB_TABLE} {', '.join(self._active_key_parts(conn, states))}"]
 
     def prepare_connection(self, conn: Any) -> None:
         # UNIX_TIMESTAMP() reads SYSDATE()'s local time back in the session time zone: in a
@@ -740,13 +755,17 @@ class MysqlStore(Store):
             )
             return cur.rowcount == 1
 
-    def lock_leases(self, conn: Any, queue_id: int, uids: Sequence[str], *, judge: bool = True) -> list[dict]:
+    def lock_leases(
+        self, conn: Any, queue_id: int, uids: Sequence[str], *, judge: bool = True, lock_jobs: bool = False
+    ) -> list[dict]:
         """Three round trips: the jobs' seqs, the leases locked ``FOR UPDATE`` in job order, then the verdict.
 
         The verdict is a second locking read of rows already held: it waits
         for nothing, so its clock is read after every lock was granted, and a
         locking read sees the newest committed rows whatever the isolation
         level. ``judge=False`` is not offered (no one-statement ack here).
+        ``lock_jobs``: the second read locks the job rows too (after their
+        leases, in the same job order) and reads their ``has_dependents``.
         """
         from .. import db
 
@@ -767,8 +786,16 @@ class MysqlStore(Store):
             seqs = sorted(uid_of)
             marks = ", ".join(["%s"] * len(seqs))
             match = f"FROM {lease} WHERE queue_id = %s AND job_id IN ({marks}) ORDER BY job_id FOR UPDATE"
-            cur.execute(f"SELECT job_id {match}", [queue_id, *seqs])
-            if not cur.fetchall():
+            if lock_jobs:
+                cur.execute(
+                    f"SELECT l.job_id, j.has_dependents FROM {lease} l JOIN {job} j ON j.seq = l.job_id "
+                    f"WHERE l.queue_id = %s AND l.job_id IN ({marks}) ORDER BY l.job_id FOR UPDATE",
+                    [queue_id, *seqs],
+                )
+            else:
+                cur.execute(f"SELECT job_id, 0 {match}", [queue_id, *seqs])
+            flags = {int(seq): bool(flag) for seq, flag in cur.fetchall()}
+            if not flags:
                 return []
             now = db.now_sql(conn)
             cur.execute(
@@ -780,6 +807,8 @@ class MysqlStore(Store):
         for row in rows:
             row["uid"] = uid_of[row["job_id"]]
             row["concurrency_key"] = key_of[row["job_id"]]
+            if lock_jobs:
+                row["has_dependents"] = flags.get(row["job_id"], False)
         return rows
 
     def mark_acked(self, conn: Any, *, now: int, acks: Sequence[tuple[int, str | None, str, str]]) -> None:
@@ -1075,6 +1104,7 @@ class MysqlStore(Store):
             cur.execute(f"SELECT seq FROM {JOB_TABLE} WHERE queue_id = %s FOR UPDATE", [queue_id])
             cur.fetchall()
             self._delete_queue_bodies(cur, queue_id)
+            self.delete_queue_dependencies(conn, queue_id)
             for table in (LEASE_TABLE, JOB_TABLE, TOKEN_TABLE, COUNTER_TABLE, KEY_TABLE, RATE_TABLE, RATE_LOG_TABLE):
                 cur.execute(f"DELETE FROM {table} WHERE queue_id = %s", [queue_id])
             cur.execute(f"DELETE FROM {QUEUE_TABLE} WHERE id = %s", [queue_id])
@@ -1083,8 +1113,8 @@ class MysqlStore(Store):
         table = JOB_TABLE
         with conn.cursor() as cur:
             cur.execute(
-                f"SELECT seq, uid, payload = %s FROM {table} WHERE state IN ('succeeded', 'cancelled') "
-                f"AND finished_at <= {now} - %s LIMIT %s FOR UPDATE SKIP LOCKED",
+                f"SELECT j.seq, j.uid, j.payload = %s FROM {table} j WHERE j.state IN ('succeeded', 'cancelled') "
+                f"AND j.finished_at <= {now} - %s AND {self.prunable_sql('j')} LIMIT %s FOR UPDATE SKIP LOCKED",
                 [OFFLOADED, retention_ms, limit],
             )
             rows = cur.fetchall()
@@ -1092,6 +1122,7 @@ class MysqlStore(Store):
                 return 0
             seqs = [r[0] for r in rows]
             self.delete_bodies(conn, [r[1] for r in rows if r[2]])
+            self.delete_dependencies(conn, seqs)
             cur.execute(f"DELETE FROM {table} WHERE seq IN ({', '.join(['%s'] * len(seqs))})", seqs)
             return cur.rowcount
 

@@ -34,6 +34,7 @@ from .base import (
     full_row,
     within_cap,
 )
+from .dependencies import DEPENDENCY_TABLE
 
 #: ``clock_timestamp()`` is the time at execution, not at transaction start.
 NOW_SQL = "FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint"
@@ -167,6 +168,9 @@ spare AS (
 # name (in job order), read the clock once the locks are held, then the tail.
 # A job with a concurrency key is left to the general ack, which gives its key's
 # slot back in the same transaction (the key never changes, so the snapshot's is right).
+# A job others depend on is left out too (the caller acks it in a transaction that
+# releases its dependents): the job row is locked too, so a flag set by an enqueue
+# that committed while this waited is seen (the row is read again under the lock).
 _ACK_MATCHING_PG = (
     """
 WITH q AS (SELECT id FROM {queue} WHERE name = %(queue)s),
@@ -175,8 +179,8 @@ v AS (
     SELECT l.job_id AS seq, r.uid, r.result, r.args
     FROM r JOIN {job} j ON j.uid = r.uid JOIN {lease} l ON l.job_id = j.seq
     WHERE l.queue_id = (SELECT id FROM q) AND l.generation = r.gen AND l.receipt_hash = r.hash
-        AND j.concurrency_key IS NULL
-    ORDER BY l.job_id FOR UPDATE OF l),
+        AND j.concurrency_key IS NULL AND NOT j.has_dependents
+    ORDER BY l.job_id FOR UPDATE OF l FOR NO KEY UPDATE OF j),
 c AS (SELECT {now} AS t FROM (SELECT COUNT(*) FROM v) AS after_locks{relax}),"""
     + _ACK_TAIL
     + """SELECT uid FROM gone
@@ -612,18 +616,42 @@ class PostgresStore(Store):
             )
             return fetch_dicts(cur)
 
-    def lock_leases(self, conn: Any, queue_id: int, uids: Sequence[str], *, judge: bool = True) -> list[dict]:
+    # --- dependencies: arrays instead of long IN lists (storage/dependencies.py) ------------------
+
+    dependency_chunk = 50_000
+
+    def in_sql(self, column: str, values: Sequence[Any]) -> tuple[str, list]:
+        # One array parameter: psycopg would split a statement of thousands of placeholders client-side.
+        return f"{column} = ANY(%s)", [list(values)]
+
+    def insert_dependencies(self, conn: Any, rows: Sequence[tuple[int, int, str, bool]]) -> None:
+        """One ``INSERT … SELECT FROM unnest(…)`` for every edge (see :meth:`Store.insert_dependencies`)."""
+        if not rows:
+            return
+        with conn.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO {DEPENDENCY_TABLE} (job_id, upstream_id, on_failure, pending) "
+                "SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::boolean[])",
+                [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [bool(r[3]) for r in rows]],
+            )
+
+    def lock_leases(
+        self, conn: Any, queue_id: int, uids: Sequence[str], *, judge: bool = True, lock_jobs: bool = False
+    ) -> list[dict]:
         """One round trip (``judge=False``: the lock alone) or two (the lock, then the verdict)."""
         from .. import db
 
         job, lease = JOB_TABLE, LEASE_TABLE
         now = db.now_sql(conn)
         columns = "l.job_id, l.generation, l.receipt_hash, l.claimed_at, l.deadline, l.timeout_at, l.worker, j.uid, j.concurrency_key"
+        if lock_jobs:
+            columns += ", j.has_dependents"
         match = f"FROM {lease} l JOIN {job} j ON j.seq = l.job_id WHERE l.queue_id = %s AND j.uid = ANY(%s)"
+        locks = "FOR UPDATE OF l FOR NO KEY UPDATE OF j" if lock_jobs else "FOR UPDATE OF l"
         with self.hot_cursor(conn) as cur:
             # Lock first, then judge the deadline: a verdict computed while
             # waiting for the lock would be stale once the lock is granted.
-            locking = f"SELECT {columns if not judge else 'l.job_id'} {match} ORDER BY l.job_id FOR UPDATE OF l"
+            locking = f"SELECT {columns if not judge else 'l.job_id'} {match} ORDER BY l.job_id {locks}"
             cur.execute(locking, [queue_id, list(uids)])
             if judge:
                 cur.execute(

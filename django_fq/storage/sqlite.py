@@ -71,6 +71,7 @@ class SqliteStore(Store):
     embedded = True
     export_name = vendor
     key_share_sql = ""
+    share_lock_sql = ""
     skip_locked_sql = ""
     update_lock_sql = ""
     clock_sql = NOW_SQL
@@ -218,13 +219,17 @@ class SqliteStore(Store):
             self.close_rate_gate(conn, rate, queue_id=queue_id, rows=taken)
         return taken
 
-    def lock_leases(self, conn: Any, queue_id: int, uids: Sequence[str], *, judge: bool = True) -> list[dict]:
-        """One round trip: the write transaction holds the database, so the read is the lock."""
+    def lock_leases(
+        self, conn: Any, queue_id: int, uids: Sequence[str], *, judge: bool = True, lock_jobs: bool = False
+    ) -> list[dict]:
+        """One round trip: the write transaction holds the database, so the read is the lock (jobs' too)."""
         from .. import db
 
         job, lease = JOB_TABLE, LEASE_TABLE
         now = db.now_sql(conn)
         columns = "l.job_id, l.generation, l.receipt_hash, l.claimed_at, l.deadline, l.timeout_at, l.worker, j.uid, j.concurrency_key"
+        if lock_jobs:
+            columns += ", j.has_dependents"
         marks = ", ".join(["%s"] * len(uids))
         with self.hot_cursor(conn) as cur:
             cur.execute(

@@ -46,6 +46,8 @@ PAYLOAD_VERSION = 1
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _STATUS = {
+    # Waiting for dependencies (a job enqueued with depends_on outside this backend): not started yet.
+    "waiting": tasks.TaskResultStatus.READY,
     "scheduled": tasks.TaskResultStatus.READY,
     "ready": tasks.TaskResultStatus.READY,
     "running": tasks.TaskResultStatus.RUNNING,
@@ -497,7 +499,7 @@ class FqBackend(tasks.BaseTaskBackend):
     def result_from_job(self, info, *, task=None):
         """A ``TaskResult`` built from a job's :class:`~django_fq.types.JobInfo` (fetched with payload).
 
-        Status: scheduled/ready → READY, running → RUNNING, succeeded →
+        Status: waiting/scheduled/ready → READY, running → RUNNING, succeeded →
         SUCCESSFUL, dead/cancelled → FAILED. ``errors`` has one entry per
         failed attempt (and one for a cancel); ``worker_ids`` one per attempt.
         """

@@ -24,8 +24,8 @@ def _dashboard_url(**params) -> str:
 
 
 def test_dashboard_shows_counts_per_queue(root_client, queue):
-    for state in ("succeeded", "dead", "cancelled", "running", "scheduled", "ready"):
-        make(queue, state)
+    ids = {state: make(queue, state) for state in ("succeeded", "dead", "cancelled", "running", "scheduled", "ready")}
+    fq.enqueue(queue, {"state": "waiting"}, depends_on=[ids["running"]])
     make("adm:b", "ready")
     make("adm:b", "ready")
     response = root_client.get(_dashboard_url())

@@ -34,6 +34,7 @@ def _one_of_each(queue: str) -> dict[str, str]:
     ids = {}
     for state in ("succeeded", "dead", "cancelled", "running", "scheduled", "ready"):
         ids[state] = make(queue, state)
+    ids["waiting"] = fq.enqueue(queue, {"state": "waiting"}, depends_on=[ids["running"]]).id
     return ids
 
 
@@ -204,11 +205,11 @@ def test_delete_asks_for_confirmation_with_what_goes(root_client, queue):
     assert response.status_code == 200
     html = squash(text(response))
     assert "Are you sure you want to delete the queue" in html
-    assert "<strong>7</strong> jobs in total" in html
+    assert "<strong>8</strong> jobs in total" in html
     assert 'name="post" value="yes"' in html
     # Nothing was deleted by looking, nor by a POST without the confirmation field.
     root_client.post(url, {})
-    assert Job.objects.filter(queue__name=queue).count() == 7
+    assert Job.objects.filter(queue__name=queue).count() == 8
 
 
 def test_confirmed_delete_calls_delete_queue(root_client, queue):

@@ -72,7 +72,7 @@ def test_kill_storm_loses_no_job_and_keeps_the_books(tmp_path):
     assert len(killed) >= 3
     stats = fq.stats(Q)
     counts, totals = stats.counts, stats.totals
-    assert counts == {"scheduled": 0, "ready": 0, "running": 0, "succeeded": JOBS, "dead": 0, "cancelled": 0}
+    assert counts == {"waiting": 0, "scheduled": 0, "ready": 0, "running": 0, "succeeded": JOBS, "dead": 0, "cancelled": 0}
     assert totals["enqueued"] == totals["acked"] == JOBS
     assert totals["claimed"] == totals["acked"] + totals["nacked"] + totals["released"] + totals["expired"] + totals["timed_out"]
     assert totals["expired"] > 0  # the storm did kill jobs mid-lease

@@ -51,7 +51,7 @@ def test_values_follow_enqueue_claim_ack_nack_and_dead():
 
     found = scrape()
     st = fq.stats(Q)
-    assert st.counts == {"scheduled": 1, "ready": 0, "running": 1, "succeeded": 1, "dead": 2, "cancelled": 0}
+    assert st.counts == {"waiting": 0, "scheduled": 1, "ready": 0, "running": 1, "succeeded": 1, "dead": 2, "cancelled": 0}
     for state in STATE_NAMES:
         assert value(found, "fq_queue_jobs", queue=Q, state=state) == st.counts[state], state
     for name in TOTAL_NAMES:

@@ -26,7 +26,9 @@ from typing import Any
 
 #: Placeholder id of a job an enqueue creates (the real id is random).
 NEW = "<new>"
-STATES = ("scheduled", "ready", "running", "succeeded", "dead", "cancelled")
+#: Every reported state; the machine enqueues no dependencies, so ``waiting`` stays 0 in the model
+#: (dependencies have their own tests: tests/services/test_dependencies.py).
+STATES = ("waiting", "scheduled", "ready", "running", "succeeded", "dead", "cancelled")
 TOTALS = (
     "enqueued", "deduplicated", "claimed", "acked", "nacked", "released",
     "expired", "timed_out", "retried", "cancelled", "dead",

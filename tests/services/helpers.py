@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
 from django_fq import services as fq
-from django_fq.models import IdempotencyToken, Job, Lease, Queue
+from django_fq.models import ConcurrencyKey, IdempotencyToken, Job, Lease, Queue
 
 QUEUE = "tests:svc"
 
@@ -54,3 +55,33 @@ def rows(queue: str) -> dict:
         "leases": Lease.objects.filter(queue_id=qid).count(),
         "tokens": IdempotencyToken.objects.filter(queue_id=qid).count(),
     }
+
+
+# --- per-key limits (docs/reference/semantics.md §9 "Per-key limits") ---------------------------
+
+
+def running_by_key(queue: str) -> Counter:
+    """The queue's running jobs per concurrency key, as the database has them now."""
+    qid = Queue.objects.get(name=queue).id
+    return Counter(Job.objects.filter(queue_id=qid, state="running").values_list("concurrency_key", flat=True))
+
+
+def key_admitted(queue: str, key: str) -> int:
+    """The ``admitted`` count of the queue's key row (0 without one)."""
+    row = ConcurrencyKey.objects.filter(queue__name=queue, key=key).first()
+    return 0 if row is None else row.admitted
+
+
+def check_key_counts(queue: str) -> None:
+    """Every key row counts exactly its key's queued and running jobs (the invariant the limit rests on).
+
+    Waiting (dependencies) and held (no slot yet) jobs count nowhere.
+    """
+    qid = Queue.objects.get(name=queue).id
+    active = Counter(
+        Job.objects.filter(queue_id=qid, state__in=("queued", "running"), concurrency_key__isnull=False).values_list(
+            "concurrency_key", flat=True
+        )
+    )
+    rows = dict(ConcurrencyKey.objects.filter(queue_id=qid).values_list("key", "admitted"))
+    assert {k: v for k, v in rows.items() if v} == dict(active)

@@ -15,37 +15,15 @@ import pytest
 
 from django_fq import services as fq
 from django_fq.exceptions import InvalidArgument, InvalidPolicy, InvalidReceipt
-from django_fq.models import ConcurrencyKey, Job, Queue
+from django_fq.models import ConcurrencyKey, Job
 
-from .helpers import claim_one
+from .helpers import check_key_counts, claim_one, key_admitted, running_by_key
 
 pytestmark = pytest.mark.django_db
 
 
 def _ids(jobs) -> list[str]:
     return [j.id for j in jobs]
-
-
-def _running_by_key(queue: str) -> Counter:
-    qid = Queue.objects.get(name=queue).id
-    return Counter(Job.objects.filter(queue_id=qid, state="running").values_list("concurrency_key", flat=True))
-
-
-def _admitted(queue: str, key: str) -> int:
-    row = ConcurrencyKey.objects.filter(queue__name=queue, key=key).first()
-    return 0 if row is None else row.admitted
-
-
-def _check_counts(queue: str) -> None:
-    """Every key row counts exactly its key's queued and running jobs (the invariant the limit rests on)."""
-    qid = Queue.objects.get(name=queue).id
-    active = Counter(
-        Job.objects.filter(queue_id=qid, state__in=("queued", "running"), concurrency_key__isnull=False).values_list(
-            "concurrency_key", flat=True
-        )
-    )
-    rows = dict(ConcurrencyKey.objects.filter(queue_id=qid).values_list("key", "admitted"))
-    assert {k: v for k, v in rows.items() if v} == dict(active)
 
 
 # --- the limit, and no head-of-line blocking ---------------------------------------------------
@@ -59,7 +37,7 @@ def test_a_busy_key_does_not_hold_up_other_keys_or_unkeyed_jobs(q):
     assert _ids(fq.claim(q, count=10)) == [a[0], b, plain]
     assert fq.claim(q, count=10) == []
     assert fq.get(q, a[1]).state == "ready"  # waiting for its key, reported as ready
-    _check_counts(q)
+    check_key_counts(q)
 
 
 def test_one_claim_never_takes_more_of_a_key_than_it_has_room_for(q):
@@ -68,7 +46,7 @@ def test_one_claim_never_takes_more_of_a_key_than_it_has_room_for(q):
     fq.enqueue_many(q, [{"payload": n, "concurrency_key": "j"} for n in range(6)])
     got = fq.claim(q, count=100)
     assert Counter(j.payload for j in got) == Counter({0: 2, 1: 2})
-    assert _running_by_key(q) == Counter({"k": 2, "j": 2})
+    assert running_by_key(q) == Counter({"k": 2, "j": 2})
 
 
 def test_jobs_without_a_key_are_not_limited(q):
@@ -145,7 +123,7 @@ def test_ack_gives_the_slot_back(q, two):
     running, second = two
     fq.ack(q, running.receipt)
     assert claim_one(q).id == second
-    _check_counts(q)
+    check_key_counts(q)
 
 
 def test_ack_many_gives_the_slots_back(q):
@@ -157,7 +135,7 @@ def test_ack_many_gives_the_slots_back(q):
     assert len(got) == 2
     fq.ack_many(q, [(j.receipt, None) for j in got])
     assert sorted(j.payload for j in fq.claim(q, count=10)) == [1, 1]
-    _check_counts(q)
+    check_key_counts(q)
 
 
 def test_nack_with_a_delay_holds_the_job_and_admits_the_next(q, two, frozen):
@@ -165,15 +143,15 @@ def test_nack_with_a_delay_holds_the_job_and_admits_the_next(q, two, frozen):
     fq.nack(q, running.receipt, delay_ms=500)
     assert claim_one(q).id == second  # the retrying job does not keep its key's slot
     assert fq.get(q, running.id).state == "scheduled"
-    _check_counts(q)
+    check_key_counts(q)
 
 
 def test_nack_without_delay_keeps_the_slot_for_the_same_job(q, two):
-    running, second = two
+    running, _second = two
     fq.nack(q, running.receipt, delay_ms=0)
     assert claim_one(q).id == running.id
     assert fq.claim(q) == []
-    _check_counts(q)
+    check_key_counts(q)
 
 
 def test_dead_gives_the_slot_back(q, two):
@@ -189,16 +167,16 @@ def test_release_keeps_the_place_and_snooze_gives_the_slot_back(q, two, frozen):
     assert again.id == running.id
     fq.release(q, again.receipt, delay_ms=500)  # a snooze
     assert claim_one(q).id == second
-    _check_counts(q)
+    check_key_counts(q)
 
 
 def test_expiry_gives_the_slot_back(q, two, frozen):
-    running, second = two
+    _running, second = two
     frozen.advance(1000)  # at the deadline: expired (§5)
     got = fq.claim(q, count=5)
     # The expired job waits out its backoff held; its key's slot went to the next job.
     assert _ids(got) == [second]
-    _check_counts(q)
+    check_key_counts(q)
 
 
 def test_timeout_gives_the_slot_back(q, frozen):
@@ -220,7 +198,7 @@ def test_cancel_gives_the_slot_back(q, which):
         claim_one(q)
     fq.cancel(q, first)
     assert claim_one(q).id == second
-    _check_counts(q)
+    check_key_counts(q)
 
 
 def test_cancel_of_a_held_job_changes_no_slot(q, two):
@@ -228,7 +206,7 @@ def test_cancel_of_a_held_job_changes_no_slot(q, two):
     fq.cancel(q, second)
     assert fq.claim(q) == []
     fq.ack(q, running.receipt)
-    assert _admitted(q, "k") == 0
+    assert key_admitted(q, "k") == 0
 
 
 def test_a_replayed_or_stale_ack_gives_no_slot_back_twice(q, two, frozen):
@@ -246,7 +224,7 @@ def test_a_replayed_or_stale_ack_gives_no_slot_back_twice(q, two, frozen):
         fq.ack(q, taken.receipt)  # expired: gives nothing back
     assert claim_one(q).id == third
     assert fq.claim(q) == []
-    _check_counts(q)
+    check_key_counts(q)
 
 
 # --- delayed jobs ------------------------------------------------------------------------------------
@@ -262,7 +240,7 @@ def test_a_delayed_job_does_not_block_its_keys_ready_jobs(q, frozen):
     assert fq.claim(q) == []
     frozen.advance(1000)
     assert claim_one(q).id == later  # the claim admits it once due (its key has room)
-    _check_counts(q)
+    check_key_counts(q)
 
 
 def test_the_reaper_admits_a_held_job_that_became_due(q, frozen):
@@ -292,7 +270,7 @@ def test_retry_of_a_dead_keyed_job_waits_for_its_key(q):
     assert fq.claim(q) == []  # its key is full
     fq.ack(q, running.receipt)
     assert claim_one(q).id == dead
-    _check_counts(q)
+    check_key_counts(q)
 
 
 # --- changing the limit -------------------------------------------------------------------------------
@@ -304,7 +282,7 @@ def test_raising_the_limit_admits_more_at_once(q):
     assert len(fq.claim(q, count=10)) == 1
     fq.configure(q, key_concurrency=3)
     assert [j.payload for j in fq.claim(q, count=10)] == [1, 2]
-    _check_counts(q)
+    check_key_counts(q)
 
 
 def test_lowering_the_limit_admits_no_more_until_the_key_is_under_it(q):
@@ -317,7 +295,7 @@ def test_lowering_the_limit_admits_no_more_until_the_key_is_under_it(q):
     assert fq.claim(q, count=10) == []  # 1 running = 1
     fq.ack(q, running[1].receipt)
     assert [j.payload for j in fq.claim(q, count=10)] == [2]
-    _check_counts(q)
+    check_key_counts(q)
 
 
 def test_setting_a_limit_on_a_queue_with_waiting_keyed_jobs(q):
@@ -327,7 +305,7 @@ def test_setting_a_limit_on_a_queue_with_waiting_keyed_jobs(q):
     assert fq.claim(q, count=10) == []
     fq.ack(q, running.receipt)
     assert claim_one(q).payload == 1
-    _check_counts(q)
+    check_key_counts(q)
 
 
 def test_lifting_the_limit_frees_every_held_job(q):
@@ -418,7 +396,7 @@ def test_threads_claiming_and_acking_never_run_two_jobs_of_one_key():
                     continue
                 idle = 0
                 # The database's own view: no key has two running jobs at any instant.
-                over = [k for k, n in _running_by_key(queue).items() if n > 1]
+                over = [k for k, n in running_by_key(queue).items() if n > 1]
                 errors.extend(over)
                 for j in got:
                     fq.ack(queue, j.receipt)
@@ -436,4 +414,4 @@ def test_threads_claiming_and_acking_never_run_two_jobs_of_one_key():
         t.join(120)
     assert errors == []
     assert sorted(done) == list(range(60))
-    _check_counts(queue)
+    check_key_counts(queue)

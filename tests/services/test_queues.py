@@ -173,6 +173,7 @@ def test_queues_lists_every_queue_with_policy_and_counts():
     assert listed["a-queue"].policy == QueuePolicy()
     assert set(listed["a-queue"].counts) == set(STATE_NAMES)
     assert listed["a-queue"].counts == {
+        "waiting": 0,
         "scheduled": 1,
         "ready": 1,
         "running": 1,

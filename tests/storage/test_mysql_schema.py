@@ -64,7 +64,7 @@ def test_queue_names_and_job_ids_compare_byte_for_byte():
 def test_two_active_jobs_cannot_share_a_unique_key_and_a_finished_one_frees_it():
     queue, other = _queue(), _queue("other")
     first = _job(queue, "k")
-    for state in ("queued", "running"):
+    for state in ("waiting", "queued", "running", "held"):  # migrations 0008 (held) and 0011 (waiting)
         with pytest.raises(IntegrityError) as caught, transaction.atomic():
             _job(queue, "k", state)
         assert ACTIVE_KEY_INDEX in str(caught.value)
@@ -76,6 +76,10 @@ def test_two_active_jobs_cannot_share_a_unique_key_and_a_finished_one_frees_it()
     Job.objects.filter(pk=first.pk).update(state="running")
     with pytest.raises(IntegrityError), transaction.atomic():
         _job(queue, "k")
+    for held in ("waiting", "held"):
+        Job.objects.filter(pk=first.pk).update(state=held)
+        with pytest.raises(IntegrityError), transaction.atomic():
+            _job(queue, "k")
     for finished in ("succeeded", "dead", "cancelled"):
         Job.objects.filter(pk=first.pk).update(state=finished)
         again = _job(queue, "k")  # a finished job holds its key no more

@@ -555,3 +555,14 @@ def test_enqueue_reads_nothing_back(backend):
         sample.add.enqueue(1, 1)
 
     assert len(through_tasks) == len(plain)
+
+
+def test_a_task_job_waiting_for_a_dependency_is_ready(backend):
+    """A job of a task enqueued with depends_on (the services' option) has not started: READY (docs/tasks.md)."""
+    first = sample.add.enqueue(1, 2)
+    payload = fq.get(Q, first.id).payload
+    waiting = fq.enqueue(Q, payload, depends_on=[first.id]).id
+    assert fq.get(Q, waiting).state == "waiting"
+    result = backend.get_result(waiting)
+    assert result.status == TaskResultStatus.READY
+    assert result.started_at is None

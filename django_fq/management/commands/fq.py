@@ -34,8 +34,9 @@ from django.core.management.base import BaseCommand, CommandError, SystemCheckEr
 from django.db import OperationalError, ProgrammingError
 from django.utils.connection import ConnectionDoesNotExist
 
-from ... import backup, conf, health, services
+from ... import backup, conf, health, services, workflows
 from ...exceptions import FqError, InvalidArgument, InvalidBackup, InvalidJson
+from ...services import dependencies
 from ...types import STATE_NAMES, TOTAL_NAMES
 from ...validation import file_path, parse_json
 
@@ -185,7 +186,7 @@ class Command(BaseCommand):
             "Add many jobs in one transaction (all or nothing) from a JSON array of envelopes or JSON lines "
             '(one envelope per line). An envelope is {"payload": ..., "priority", "delay_ms", "at", '
             '"idempotency", "idempotency_retention_ms", "unique_key", "max_attempts", "timeout_ms", "metadata", '
-            '"concurrency_key"}.',
+            '"concurrency_key", "depends_on"}.',
         )
         queue(p)
         p.add_argument("source", metavar="SOURCE", help="file path, or - to read stdin")
@@ -225,11 +226,20 @@ class Command(BaseCommand):
             ("get", "Show a job: metadata, payload, result and error history."),
             ("retry", "Make a dead job ready again with attempts reset to 0."),
             ("requeue", "Make a scheduled job (delayed or waiting to retry) ready now."),
-            ("cancel", "Cancel a scheduled, ready, running or dead job."),
+            ("cancel", "Cancel a waiting, scheduled, ready, running or dead job (and its dependents, as their edges say)."),
         ):
             p = op(name, text)
             queue(p)
             p.add_argument("job_id", metavar="JOB_ID")
+
+        p = op(
+            "workflow",
+            "Show the workflow of a job (every job connected to it by dependencies) as a tree with states, "
+            "or cancel every step of it that has not finished.",
+        )
+        p.add_argument("action", choices=("show", "cancel"), help="show the tree, or cancel the unfinished steps")
+        queue(p)
+        p.add_argument("job_id", metavar="JOB_ID", help="any job of the workflow")
 
         p = op("jobs", "List a queue's jobs (metadata only), one page at a time.")
         queue(p)
@@ -310,6 +320,7 @@ class Command(BaseCommand):
         p.add_argument("--max-attempts", dest="max_attempts", type=_integer, metavar="N", help="1-1000 (default: the queue's policy)")
         p.add_argument("--timeout", dest="timeout_ms", type=_integer, metavar="MS", help="0 - 7 days, 0 = none (default: the queue's policy)")
         p.add_argument("--metadata", metavar="JSON", help='job metadata, a JSON object (e.g. \'{"tenant": "acme", "tags": ["eu"]}\'); at most FQ_MAX_METADATA_BYTES')
+        p.add_argument("--depends-on", dest="depends_on", action="append", metavar="ID[:POLICY]", help="run only after this job succeeded (repeatable, at most 1000; any queue); POLICY when it goes dead or is cancelled: cancel (default), run or wait")
 
     # --- dispatch -------------------------------------------------------------------------
 
@@ -435,6 +446,7 @@ class Command(BaseCommand):
             timeout_ms=o["timeout_ms"],
             metadata=cast(dict, metadata),
             concurrency_key=o["concurrency_key"],
+            depends_on=dependencies.parse_cli(o.get("depends_on")),
         )
         self._emit(_enqueued(res), _enqueued_line)
 
@@ -532,6 +544,12 @@ class Command(BaseCommand):
         self._emit({"progress": value, "message": message}, lambda d: f"progress {d['progress']:g}% stored")
 
     # --- inspection and repair ----------------------------------------------------------------
+
+    def do_workflow(self, o):
+        if o["action"] == "cancel":
+            self._emit(asdict(workflows.cancel(o["queue"], o["job_id"])), lambda d: f"cancelled {d['cancelled']} step(s); {d['finished']} had finished")
+            return
+        self._emit(asdict(workflows.show(o["queue"], o["job_id"])), _workflow_tree)
 
     def do_get(self, o):
         self._job(services.get(o["queue"], o["job_id"]))
@@ -821,7 +839,7 @@ def _enqueued_line(d) -> str:
 def _listed(info) -> dict:
     """A job of the ``jobs`` listing: metadata only."""
     d = asdict(info)
-    for key in ("payload", "result", "errors"):
+    for key in ("payload", "result", "errors", "depends_on", "dependents"):
         d.pop(key, None)
     return d
 
@@ -853,6 +871,9 @@ def _job_text(d: dict) -> str:
         ("result", _dumps(d["result"])),
         ("errors", len(d["errors"])),
     ]
+    for key in ("depends_on", "dependents"):
+        edges = d.get(key) or []
+        rows.append((key, ", ".join(f"{e['id']} ({e['queue']}, {e['state']}, {e['on_failure']})" for e in edges) or "-"))
     text = _pairs(rows)
     for e in d["errors"]:
         if isinstance(e, dict):
@@ -861,6 +882,21 @@ def _job_text(d: dict) -> str:
                 f"{' on ' + e['worker'] if e.get('worker') else ''}: {_first_line(e.get('error', ''), 200)}"
             )
     return text
+
+
+def _workflow_tree(d: dict) -> str:
+    """A workflow for people: each job under the one it depends on (indented by depth), with queue and state."""
+    depth: dict[str, int] = {}
+    lines = []
+    for step in d["steps"]:
+        ups = step["depends_on"]
+        depth[step["id"]] = 1 + max((depth.get(u, 0) for u in ups), default=-1)
+        more = f"  (after {len(ups)} jobs)" if len(ups) > 1 else ""
+        mark = "  <-" if step["id"] == d["id"] else ""
+        lines.append(f"{'  ' * depth[step['id']]}{step['id']}  {step['queue']}  {step['state']}{more}{mark}")
+    if d["truncated"]:
+        lines.append(f"… more jobs are connected (the first {len(d['steps'])} are shown)")
+    return "\n".join(lines)
 
 
 def _progress_text(d: dict) -> str:

@@ -1,0 +1,363 @@
+"""Dependencies between jobs: the rules (docs/reference/semantics.md §9 "Dependencies").
+
+A job enqueued with ``depends_on`` is ``waiting`` until every dependency has
+succeeded; no claim reads a waiting job. Whoever finishes a job (an ack, a
+nack or expiry that makes it dead, a cancel) calls :func:`finished` in the
+same transaction: the job's pending edges are settled by index, a dependent
+whose last edge was satisfied becomes queued (and wakes workers), and one
+whose policy says so is cancelled, which cascades to its own dependents.
+
+Per edge, ``on_failure`` decides what a dependency that goes dead or is
+cancelled does to its dependent: ``cancel`` (the default) cancels it,
+``run`` counts the edge as satisfied, ``wait`` keeps it waiting for a
+``retry`` of the dead job (a cancelled dependency can never be retried, so
+there ``wait`` cancels too). The SQL is the store's
+(:mod:`django_fq.storage.dependencies`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from .. import db, storage, validation
+from ..exceptions import InvalidDependency
+from . import keys
+from ._base import add_counters, history_entry, reported_state
+
+#: Most direct dependencies one job may have (docs/reference/semantics.md §9 "Dependencies").
+MAX_DEPENDENCIES = 1000
+#: What a dependency that goes dead or is cancelled does to its dependent.
+ON_FAILURE = ("cancel", "run", "wait")
+DEFAULT_ON_FAILURE = "cancel"
+
+
+class Edge(NamedTuple):
+    """One parsed dependency: the job it names and the policy of the edge."""
+
+    id: str
+    on_failure: str
+
+
+def parse(value: object, field: str = "depends_on") -> tuple[Edge, ...] | None:
+    """Validate a ``depends_on`` value: a list of job ids, or of ``{"id": …, "on_failure": …}`` objects.
+
+    ``None`` or an empty list: no dependencies. At most :data:`MAX_DEPENDENCIES`
+    items; each id 32 lowercase hex characters, each listed once;
+    ``on_failure`` one of ``cancel`` (default), ``run``, ``wait``. Raises
+    :class:`InvalidDependency` naming ``field`` (``depends_on[i]`` for one item).
+    """
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
+        raise InvalidDependency(f"{field} must be a list of job ids", field=field)
+    if len(value) > MAX_DEPENDENCIES:
+        raise InvalidDependency(
+            f"{field} lists {len(value)} jobs; a job may depend on at most {MAX_DEPENDENCIES}", field=field
+        )
+    edges: list[Edge] = []
+    seen: set[str] = set()
+    for i, item in enumerate(value):
+        where = f"{field}[{i}]"
+        policy = DEFAULT_ON_FAILURE
+        if isinstance(item, Mapping):
+            if len(item) > 2 or not item.keys() <= {"id", "on_failure"}:
+                extra = sorted(str(k) for k in item if k not in ("id", "on_failure"))[0]
+                raise InvalidDependency(f"{where}: unknown key {extra}", field=f"{where}.{extra}")
+            policy = item.get("on_failure", DEFAULT_ON_FAILURE)
+            if policy not in ON_FAILURE:
+                raise InvalidDependency(
+                    f"{where}.on_failure must be one of {', '.join(ON_FAILURE)}", field=f"{where}.on_failure"
+                )
+            item = item.get("id")
+        if not validation.job_id(item):
+            raise InvalidDependency(f"{where} is not a job id (32 lowercase hex characters)", field=where)
+        assert isinstance(item, str)
+        if item in seen:
+            raise InvalidDependency(f"{where}: job {item} is listed twice", field=where)
+        seen.add(item)
+        edges.append(Edge(item, policy))
+    return tuple(edges) or None
+
+
+def parse_cli(values: Sequence[str] | None) -> list[dict] | None:
+    """``--depends-on`` arguments (``ID`` or ``ID:POLICY``) as ``depends_on`` items for :func:`parse`."""
+    if not values:
+        return None
+    out = []
+    for v in values:
+        uid, _, policy = v.partition(":")
+        out.append({"id": uid, "on_failure": policy} if policy else {"id": uid})
+    return out
+
+
+class _Plan(NamedTuple):
+    """What one new job's edges are, once its dependencies' states are known."""
+
+    edges: list[tuple[int, str, bool]]  # (upstream seq, on_failure, pending)
+    pending: int
+    cancelled_by: str | None  # the uid of a finished-failed dependency whose policy cancels the job
+
+
+def _plan(deps: Sequence[Edge], found: Mapping[str, tuple[int, str, int]]) -> _Plan:
+    edges, pending, cancelled_by = [], 0, None
+    for dep in deps:
+        seq, state, _ = found[dep.id]
+        satisfied = state == "succeeded" or (state in ("dead", "cancelled") and dep.on_failure == "run")
+        cancels = not satisfied and (state == "cancelled" or (state == "dead" and dep.on_failure == "cancel"))
+        if cancels and cancelled_by is None:
+            cancelled_by = dep.id
+        is_pending = not satisfied and not cancels
+        pending += is_pending
+        edges.append((seq, dep.on_failure, is_pending))
+    return _Plan(edges, pending, cancelled_by)
+
+
+def check(conn, wanted: Sequence[tuple[str, tuple[Edge, ...]]]) -> dict[str, tuple[int, str, int]]:
+    """In the enqueue's transaction: lock the dependencies of the jobs about to be inserted.
+
+    ``wanted``: ``(field prefix, edges)`` per item that has dependencies (the
+    prefix is ``""`` for ``enqueue``, ``"items[i]."`` for ``enqueue_many``).
+    Returns ``{uid: (seq, state, queue_id)}``. Raises :class:`InvalidDependency`
+    naming the first item and index whose job does not exist in this database
+    (nothing is written: the caller's transaction rolls back).
+    """
+    uids = sorted({e.id for _, edges in wanted for e in edges})
+    found = storage.for_connection(conn).lock_dependencies(conn, uids)
+    for prefix, edges in wanted:
+        for i, e in enumerate(edges):
+            if e.id not in found:
+                field = f"{prefix}depends_on[{i}]"
+                raise InvalidDependency(f"{field}: no job {e.id} in this database", field=field)
+    return found
+
+
+def attach(conn, *, now: str, jobs: Sequence[tuple[str, int, tuple[Edge, ...]]], found) -> set[str]:
+    """Write the edges of jobs just inserted in this transaction; make the unsatisfied ones ``waiting``.
+
+    ``jobs``: ``(uid, queue_id, edges)`` per new job with dependencies;
+    ``found``: what :func:`check` returned. A dependency already succeeded is
+    satisfied at once (as is a failed one under ``run``); a dependency already
+    dead under ``cancel``, or cancelled under ``cancel`` or ``wait``, cancels
+    the new job at once (it is then created ``cancelled``, its history saying why).
+    Returns the uids of the jobs made ``waiting`` or ``cancelled`` (the others
+    are queued as without dependencies, and take their key's admission).
+    """
+    store = storage.for_connection(conn)
+    seqs = store.job_seqs(conn, [uid for uid, _, _ in jobs])
+    rows: list[tuple[int, int, str, bool]] = []
+    waiting: list[tuple[int, int]] = []
+    cancel: dict[str, list[tuple[int, int]]] = {}
+    parked: set[str] = set()
+    for uid, queue_id, edges in jobs:
+        plan = _plan(edges, found)
+        seq = seqs[uid]
+        rows += [(seq, up, policy, pending) for up, policy, pending in plan.edges]
+        if plan.cancelled_by is not None:
+            cancel.setdefault(plan.cancelled_by, []).append((seq, queue_id))
+            parked.add(uid)
+        elif plan.pending:
+            waiting.append((seq, plan.pending))
+            parked.add(uid)
+    store.insert_dependencies(conn, rows)
+    # Cancelled ones are made waiting first, so that the one cancel path writes them.
+    store.mark_waiting(conn, waiting + [(seq, 1) for group in cancel.values() for seq, _ in group])
+    for upstream, group in cancel.items():
+        state = found[upstream][1]
+        _cancel(conn, now, [seq for seq, _ in group], upstream, state)
+    return parked
+
+
+def finished(conn, seqs: Sequence[int], outcome: str) -> None:
+    """Jobs ``seqs`` just finished with ``outcome`` (``succeeded``, ``dead`` or ``cancelled``) in this transaction.
+
+    Settles their pending edges (by the ``(upstream, job)`` index: cost
+    proportional to the direct dependents): a satisfied edge counts its
+    dependent down, and a dependent left with none becomes queued, keeping its
+    priority and place, ready at the later of its ``run_at`` and now, and
+    wakes the workers of its queue at commit. A dependent cancelled by its
+    policy passes the cancel on to its own dependents, level by level. Call it
+    after the jobs' own update, in the same transaction.
+    """
+    store = storage.for_connection(conn)
+    now = db.now_sql(conn)
+    frontier: list[tuple[list[int], str]] = [(list(seqs), outcome)]
+    while frontier:
+        upstreams, what = frontier.pop()
+        edges = store.pending_edges(conn, upstreams) if upstreams else []
+        if not edges:
+            continue
+        satisfy: dict[int, int] = {}
+        cancel: dict[int, list[int]] = {}  # upstream seq -> dependents to cancel
+        closed: list[int] = []
+        for edge_id, job, upstream, policy in edges:
+            if what == "succeeded" or policy == "run":
+                satisfy[job] = satisfy.get(job, 0) + 1
+                closed.append(edge_id)
+            elif policy == "cancel" or what == "cancelled":
+                cancel.setdefault(upstream, []).append(job)
+                closed.append(edge_id)
+            # else: "wait" on a dead job stays pending until a retry of it succeeds
+        store.close_edges(conn, closed)
+        if satisfy:
+            _release(conn, store.count_down(conn, now=now, counts=satisfy))
+        for upstream, jobs in sorted(cancel.items()):
+            gone = _cancel(conn, now, jobs, _uid_of(conn, upstream), what)
+            onward = [r["seq"] for r in gone if r["has_dependents"]]
+            if onward:
+                frontier.append((onward, "cancelled"))
+
+
+def _release(conn, released: list[dict]) -> None:
+    """Jobs ``released`` (as ``count_down`` returns them) are queued now: wake their queues' workers.
+
+    A keyed job of a queue with ``key_concurrency`` enters its key's admission
+    as a new keyed job does (docs/reference/semantics.md §9 "Dependencies"):
+    held, or admitted while its key has room, in this transaction
+    (:func:`~django_fq.services.keys.admit_released`).
+    """
+    if not released:
+        return
+    plain = [r for r in released if r["concurrency_key"] is None or not r["key_concurrency"]]
+    keyed: dict[tuple[int, str], list[tuple[int, str, int]]] = {}
+    for r in released:
+        if r["concurrency_key"] is not None and r["key_concurrency"]:
+            keyed.setdefault((r["queue_id"], r["queue"]), []).append((r["seq"], r["concurrency_key"], r["priority"]))
+    if plain:
+        storage.for_connection(conn).lower_claim_floors(conn, [(r["queue_id"], r["priority"], r["seq"]) for r in plain])
+        for name in sorted({r["queue"] for r in plain}):
+            db.notify(conn, name)
+    for (queue_id, queue), jobs in sorted(keyed.items()):
+        keys.admit_released(conn, queue_id=queue_id, queue=queue, jobs=jobs)
+
+
+def _uid_of(conn, seq: int) -> str:
+    from ..models import Job
+    from ._base import manager
+
+    return manager(Job).filter(seq=seq).values_list("uid", flat=True).first() or str(seq)
+
+
+def _cancel(conn, now: str, seqs: Sequence[int], upstream: str, state: str) -> list[dict]:
+    """Cancel waiting jobs ``seqs`` because dependency ``upstream`` (a uid) is ``state``; count it per queue."""
+    message = f"cancelled: dependency {upstream} is {state}"
+    at = db.db_now_ms()
+    entry = json.dumps(history_entry(at, 0, "cancel", message), separators=(",", ":"))
+    gone = storage.for_connection(conn).cancel_waiting(conn, now=now, seqs=seqs, error=message, entry_json=entry)
+    per_queue: dict[int, int] = {}
+    for r in gone:
+        per_queue[r["queue_id"]] = per_queue.get(r["queue_id"], 0) + 1
+    for queue_id, n in per_queue.items():
+        add_counters(conn, queue_id, cancelled=n, active=-n)
+    return gone
+
+
+#: Dependents ``get`` lists at most (a job's dependencies are bounded by :data:`MAX_DEPENDENCIES`).
+MAX_LISTED_DEPENDENTS = 1000
+
+
+def edges_of(seq: int, *, dependents: bool = True) -> dict:
+    """``{"depends_on": [...], "dependents": [...]}`` of job ``seq``, each entry
+    ``{"id", "queue", "state", "on_failure", "pending"}`` (reported states); ``{}`` when it has neither.
+
+    Dependents: the first :data:`MAX_LISTED_DEPENDENTS`, oldest first; read only
+    when ``dependents`` (the job's ``has_dependents`` flag). One or two queries.
+    """
+    from ..models import Dependency
+    from ._base import manager
+
+    out: dict[str, list] = {}
+    for key, mine, other, wanted in (
+        ("depends_on", "job", "upstream", True),
+        ("dependents", "upstream", "job", dependents),
+    ):
+        if not wanted:
+            continue
+        reported = reported_state(f"{other}__")
+        rows = (
+            manager(Dependency)
+            .filter(**{f"{mine}_id": seq})
+            .annotate(reported=reported)
+            .order_by(f"{other}_id")
+            .values(f"{other}__uid", f"{other}__queue__name", "reported", "on_failure", "pending")[
+                :MAX_LISTED_DEPENDENTS
+            ]
+        )
+        found = [
+            {
+                "id": r[f"{other}__uid"],
+                "queue": r[f"{other}__queue__name"],
+                "state": r["reported"],
+                "on_failure": r["on_failure"],
+                "pending": bool(r["pending"]),
+            }
+            for r in rows
+        ]
+        if found:
+            out[key] = found
+    return out
+
+
+def component(job_id: str, *, limit: int) -> tuple[dict[int, dict], list[tuple[int, int]], bool]:
+    """The jobs connected to job ``job_id`` by dependencies, each way, read level by level by index.
+
+    Returns ``(nodes, edges, truncated)``: ``nodes`` maps seq to ``{"uid",
+    "queue", "state"}`` (reported state) for at most ``limit`` jobs; ``edges``
+    are ``(job seq, upstream seq)``; ``truncated`` when more jobs are connected.
+    """
+    from django.db.models import Q
+
+    from ..models import Dependency, Job
+    from ._base import manager
+
+    reported = reported_state()
+    start = manager(Job).filter(uid=job_id).values_list("seq", flat=True).first()
+    if start is None:
+        return {}, [], False
+    seen = {start}
+    frontier = [start]
+    edges: set[tuple[int, int]] = set()
+    truncated = False
+    while frontier and not truncated:
+        found: list[int] = []
+        for part in range(0, len(frontier), 500):
+            chunk = frontier[part : part + 500]
+            rows = manager(Dependency).filter(Q(job_id__in=chunk) | Q(upstream_id__in=chunk)).values_list(
+                "job_id", "upstream_id"
+            )
+            for job, up in rows:
+                edges.add((job, up))
+                for seq in (job, up):
+                    if seq not in seen:
+                        if len(seen) >= limit:
+                            truncated = True
+                            continue
+                        seen.add(seq)
+                        found.append(seq)
+        frontier = found
+    nodes: dict[int, dict] = {}
+    ordered = sorted(seen)
+    for part in range(0, len(ordered), 500):
+        rows = (
+            manager(Job)
+            .filter(seq__in=ordered[part : part + 500])
+            .annotate(reported=reported)
+            .values_list("seq", "uid", "queue__name", "reported")
+        )
+        for seq, uid, queue, state in rows:
+            nodes[seq] = {"uid": uid, "queue": queue, "state": state}
+    return nodes, [(j, u) for j, u in sorted(edges) if j in nodes and u in nodes], truncated
+
+
+def queues_of(uids: Sequence[str]) -> dict[str, str]:
+    """``{uid: queue name}`` of the jobs ``uids`` that exist (one query per 1,000 ids)."""
+    from ..models import Job
+    from ._base import manager
+
+    out: dict[str, str] = {}
+    ordered = sorted(set(uids))
+    for start in range(0, len(ordered), 1000):
+        rows = manager(Job).filter(uid__in=ordered[start : start + 1000]).values_list("uid", "queue__name")
+        out.update(rows)
+    return out

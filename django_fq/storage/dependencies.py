@@ -1,0 +1,249 @@
+"""The SQL of dependencies between jobs (docs/reference/semantics.md §9 "Dependencies").
+
+A mixin of :class:`~django_fq.storage.base.Store`: each method is one round
+trip or a few, in portable SQL (no ``RETURNING``: MariaDB/MySQL have none for
+``UPDATE``), with the store's own lock clauses. The rules (which edge is
+satisfied, which dependent is cancelled) are the services'
+(:mod:`django_fq.services.dependencies`); these methods only read and write rows.
+
+Locking: an enqueue that depends on jobs sets their ``has_dependents`` flag and
+reads their states under a share lock, in the enqueue's transaction; the ack
+(and every other writer that finishes a job) updates the job row, so the two
+are serialised on that row, and the finisher's next statement, which looks
+for pending edges, sees every edge committed before its update of the row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+#: The edge table (:class:`~django_fq.models.Dependency`).
+DEPENDENCY_TABLE = "django_fq_dependency"
+_JOB = "django_fq_job"
+_QUEUE = "django_fq_queue"
+#: Rows per statement of an ``IN`` list or a multi-row ``INSERT``: under every backend's parameter limit.
+CHUNK = 500
+#: Stored states of a job that is not finished: a finished job a job in one of these still depends on
+#: is never pruned (it may be retried, or read, later).
+UNFINISHED_SQL = "'waiting', 'queued', 'held', 'running', 'dead'"
+
+
+def _chunks(values: Sequence[Any], size: int = CHUNK) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+def _marks(n: int) -> str:
+    return ", ".join(["%s"] * n)
+
+
+class DependencySql:
+    """Dependency statements shared by every store (mixed into :class:`~django_fq.storage.base.Store`)."""
+
+    #: Lock clause of a read that the finishing writers' row updates must wait for (and that waits for them).
+    share_lock_sql: ClassVar[str] = " FOR SHARE"
+    update_lock_sql: ClassVar[str]
+
+    #: Values per statement of the methods below (PostgreSQL passes arrays, so it takes more at once).
+    dependency_chunk: ClassVar[int] = CHUNK
+
+    if TYPE_CHECKING:
+
+        def greatest_sql(self, a: str, b: str) -> str: ...
+
+    def in_sql(self, column: str, values: Sequence[Any]) -> tuple[str, list]:
+        """``column IN (%s, …)`` and its parameters (PostgreSQL: ``= ANY(%s)``, one array parameter)."""
+        return f"{column} IN ({_marks(len(values))})", list(values)
+
+    def _parts(self, values: Sequence[Any]) -> Iterable[Sequence[Any]]:
+        return _chunks(values, self.dependency_chunk)
+
+    def _select_in(self, cur: Any, sql: str, column: str, values: Sequence[Any]) -> list[tuple]:
+        """The rows of ``sql`` (its ``{where}`` becomes ``column IN values``), one statement per part of ``values``."""
+        out: list[tuple] = []
+        for part in self._parts(values):
+            where, params = self.in_sql(column, part)
+            cur.execute(sql.format(where=where), params)
+            out += cur.fetchall()
+        return out
+
+    def lock_dependencies(self, conn: Any, uids: Sequence[str]) -> dict[str, tuple[int, str, int]]:
+        """In the enqueue's transaction: the jobs ``uids`` (public ids, any queue) as ``{uid: (seq, state, queue_id)}``.
+
+        First marks each ``has_dependents`` (an update, so a concurrent ack of
+        one of them waits for this transaction, or this for it), then reads
+        them under a share lock in ``seq`` order. Ids not found are missing from
+        the answer. Two round trips per 500 ids.
+        """
+        ordered = sorted(set(uids))
+        with conn.cursor() as cur:
+            for part in self._parts(ordered):
+                where, params = self.in_sql("uid", part)
+                cur.execute(f"UPDATE {_JOB} SET has_dependents = TRUE WHERE {where} AND NOT has_dependents", params)
+            rows = self._select_in(
+                cur, f"SELECT uid, seq, state, queue_id FROM {_JOB} WHERE {{where}} ORDER BY seq{self.share_lock_sql}",
+                "uid", ordered,
+            )  # fmt: skip
+        return {uid: (int(seq), state, int(queue_id)) for uid, seq, state, queue_id in rows}
+
+    def job_seqs(self, conn: Any, uids: Sequence[str]) -> dict[str, int]:
+        """``{uid: seq}`` of the jobs ``uids`` (written by this transaction: a plain read). One round trip per 500."""
+        with conn.cursor() as cur:
+            rows = self._select_in(cur, f"SELECT uid, seq FROM {_JOB} WHERE {{where}}", "uid", list(uids))
+        return {uid: int(seq) for uid, seq in rows}
+
+    def insert_dependencies(self, conn: Any, rows: Sequence[tuple[int, int, str, bool]]) -> None:
+        """Insert edges ``(job seq, upstream seq, on_failure, pending)``. One round trip per 500."""
+        with conn.cursor() as cur:
+            for part in _chunks(list(rows)):
+                cur.execute(
+                    f"INSERT INTO {DEPENDENCY_TABLE} (job_id, upstream_id, on_failure, pending) VALUES "
+                    f"{', '.join(['(%s, %s, %s, %s)'] * len(part))}",
+                    [v for row in part for v in row],
+                )
+
+    def mark_waiting(self, conn: Any, jobs: Sequence[tuple[int, int]]) -> None:
+        """Jobs this transaction inserted, ``(seq, pending edges)`` each, become ``waiting``. One round trip per count."""
+        by_count: dict[int, list[int]] = {}
+        for seq, n in jobs:
+            by_count.setdefault(n, []).append(seq)
+        with conn.cursor() as cur:
+            for n, seqs in by_count.items():
+                for part in self._parts(seqs):
+                    where, params = self.in_sql("seq", part)
+                    cur.execute(f"UPDATE {_JOB} SET state = 'waiting', waiting_on = %s WHERE {where}", [n, *params])
+
+    def pending_edges(self, conn: Any, upstream_seqs: Sequence[int]) -> list[tuple[int, int, int, str]]:
+        """The pending edges out of jobs ``upstream_seqs``, locked, as ``(edge id, job seq, upstream seq, on_failure)``.
+
+        Through the ``(upstream, job)`` index: cost proportional to the direct
+        dependents, never a scan of a workflow. One round trip per 500 jobs.
+        """
+        sql = (
+            f"SELECT id, job_id, upstream_id, on_failure FROM {DEPENDENCY_TABLE} "
+            f"WHERE {{where}} AND pending ORDER BY id{self.update_lock_sql}"
+        )
+        with conn.cursor() as cur:
+            rows = self._select_in(cur, sql, "upstream_id", sorted(set(upstream_seqs)))
+        return [(int(a), int(b), int(c), d) for a, b, c, d in rows]
+
+    def close_edges(self, conn: Any, edge_ids: Sequence[int]) -> None:
+        """Edges ``edge_ids`` no longer count (satisfied, or their dependent cancelled). One round trip per 500."""
+        with conn.cursor() as cur:
+            for part in self._parts(sorted(edge_ids)):
+                where, params = self.in_sql("id", part)
+                cur.execute(f"UPDATE {DEPENDENCY_TABLE} SET pending = FALSE WHERE {where}", params)
+
+    def count_down(self, conn: Any, *, now: str, counts: dict[int, int]) -> list[dict]:
+        """Take ``counts[seq]`` satisfied edges off each waiting job; those left with none become queued.
+
+        A job released keeps its priority and sequence number (its place in
+        claim order); its ``run_at`` becomes the later of its own and now, so
+        a delay given at enqueue still holds and the wait time counts from
+        eligibility. The decrement locks each job row (in ``seq`` order), so
+        two finishers of one job's last two dependencies release it exactly
+        once: the second sees the first's count. Returns the jobs released:
+        dicts of ``seq``, ``uid``, ``queue_id``, ``queue`` (name),
+        ``priority``, ``concurrency_key`` and the queue's ``key_concurrency``
+        (read plainly: a ``configure()`` of it locks waiting keyed jobs too, so
+        it waits for this transaction or this for it; see ``key_census``).
+        Three round trips (more past 500 jobs).
+        """
+        by_n: dict[int, list[int]] = {}
+        for seq, n in counts.items():
+            by_n.setdefault(n, []).append(seq)
+        seqs = sorted(counts)
+        with conn.cursor() as cur:
+            for n, group in sorted(by_n.items()):
+                for part in self._parts(sorted(group)):
+                    where, params = self.in_sql("seq", part)
+                    cur.execute(
+                        f"UPDATE {_JOB} SET waiting_on = waiting_on - %s WHERE {where} AND state = 'waiting'",
+                        [n, *params],
+                    )
+            found = self._select_in(
+                cur,
+                f"SELECT j.seq, j.uid, j.queue_id, q.name, j.priority, j.concurrency_key, q.key_concurrency "
+                f"FROM {_JOB} j JOIN {_QUEUE} q ON q.id = j.queue_id "
+                f"WHERE {{where}} AND j.state = 'waiting' AND j.waiting_on <= 0",
+                "j.seq",
+                seqs,
+            )
+            released = [
+                {
+                    "seq": int(s), "uid": u, "queue_id": int(qid), "queue": name, "priority": int(p),
+                    "concurrency_key": key, "key_concurrency": int(limit),
+                }
+                for s, u, qid, name, p, key, limit in found
+            ]  # fmt: skip
+            for part in self._parts([r["seq"] for r in released]):
+                where, params = self.in_sql("seq", part)
+                cur.execute(
+                    f"UPDATE {_JOB} SET state = 'queued', waiting_on = 0, "
+                    f"run_at = {self.greatest_sql('run_at', now)}, changed_at = {now} WHERE {where} AND state = 'waiting'",
+                    params,
+                )
+        return released
+
+    def cancel_waiting(self, conn: Any, *, now: str, seqs: Sequence[int], error: str, entry_json: str) -> list[dict]:
+        """Waiting jobs ``seqs`` become cancelled (a dependency went dead or was cancelled).
+
+        ``error`` is the last error; ``entry_json`` the history entry (a JSON
+        object). A waiting job never ran, so its history becomes this one entry.
+        Returns the jobs cancelled: dicts of ``seq``, ``uid``, ``queue_id`` and
+        ``has_dependents``. Two round trips per 500 jobs (per 50,000 on PostgreSQL).
+        """
+        with conn.cursor() as cur:
+            found = self._select_in(
+                cur,
+                f"SELECT seq, uid, queue_id, has_dependents FROM {_JOB} WHERE {{where}} "
+                f"AND state = 'waiting' ORDER BY seq{self.update_lock_sql}",
+                "seq",
+                sorted(set(seqs)),
+            )
+            gone = [{"seq": int(s), "uid": u, "queue_id": int(qid), "has_dependents": bool(h)} for s, u, qid, h in found]
+            for part in self._parts([r["seq"] for r in gone]):
+                where, params = self.in_sql("seq", part)
+                cur.execute(
+                    f"UPDATE {_JOB} SET state = 'cancelled', waiting_on = 0, finished_at = {now}, changed_at = {now}, "
+                    f"last_error = %s, errors = %s WHERE {where} AND state = 'waiting'",
+                    [error, f"[{entry_json}]", *params],
+                )
+        return gone
+
+    def delete_dependencies(self, conn: Any, seqs: Sequence[int]) -> None:
+        """Delete the edges into and out of jobs ``seqs`` (being deleted in this transaction). Two round trips per 500."""
+        with conn.cursor() as cur:
+            for part in self._parts(sorted(set(seqs))):
+                for column in ("job_id", "upstream_id"):
+                    where, params = self.in_sql(column, part)
+                    cur.execute(f"DELETE FROM {DEPENDENCY_TABLE} WHERE {where}", params)
+
+    def queue_dependency_rows(self, conn: Any, queue_id: int) -> list[tuple[int, str]]:
+        """``(seq, state)`` of queue ``queue_id``'s jobs that others depend on (``has_dependents``). One round trip."""
+        with conn.cursor() as cur:
+            cur.execute(
+                f"SELECT seq, state FROM {_JOB} WHERE queue_id = %s AND has_dependents ORDER BY seq", [queue_id]
+            )
+            return [(int(s), st) for s, st in cur.fetchall()]
+
+    def delete_queue_dependencies(self, conn: Any, queue_id: int) -> None:
+        """Delete the edges into and out of queue ``queue_id``'s jobs (before the jobs go). Two round trips."""
+        with conn.cursor() as cur:
+            for column in ("job_id", "upstream_id"):
+                cur.execute(
+                    f"DELETE FROM {DEPENDENCY_TABLE} WHERE {column} IN "
+                    f"(SELECT seq FROM {_JOB} WHERE queue_id = %s)",
+                    [queue_id],
+                )
+
+    def prunable_sql(self, alias: str) -> str:
+        """SQL condition: job ``alias`` (a finished one prune looks at) has no unfinished dependent.
+
+        Only jobs flagged ``has_dependents`` pay for the probe, by the ``(upstream, job)`` index.
+        """
+        return (
+            f"(NOT {alias}.has_dependents OR NOT EXISTS (SELECT 1 FROM {DEPENDENCY_TABLE} e "
+            f"JOIN {_JOB} d ON d.seq = e.job_id WHERE e.upstream_id = {alias}.seq AND d.state IN ({UNFINISHED_SQL})))"
+        )
