@@ -52,6 +52,11 @@ class Policy:
     visibility_ms: int = 30_000
     idempotency_retention_ms: int = 300_000
     timeout_ms: int = 0
+    # Flow-control fields the machine leaves at their defaults (their own tests exercise them).
+    ttl_ms: int = 0
+    key_concurrency: int = 0
+    rate_limit: int = 0
+    rate_window_ms: int = 1000
 
 
 @dataclass
