@@ -475,4 +475,4 @@ class Model:
             for token in [t for t, (_, exp) in q.tokens.items() if exp <= self.now]:
                 del q.tokens[token]
                 tokens += 1
-        return (len(gone), tokens)
+        return (len(gone), tokens, 0)  # no queue has a ttl_ms here: none is deleted
