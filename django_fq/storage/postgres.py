@@ -825,21 +825,22 @@ class PostgresStore(Store):
             {
                 "o": i, "uid": uid, "priority": priority, "at": at, "delay_ms": delay_ms, "max_attempts": max_attempts,
                 "timeout_ms": timeout_ms, "payload": payload, "size": size, "unique_key": unique_key, "token": token,
-                "metadata": meta, "tags": tags,
+                "metadata": meta, "tags": tags, "ckey": ckey, "state": state,
             }
-            for i, (uid, priority, at, delay_ms, max_attempts, timeout_ms, payload, size, unique_key, token, meta, tags)
+            for i, (uid, priority, at, delay_ms, max_attempts, timeout_ms, payload, size, unique_key, token, meta, tags,
+                    ckey, state)
             in enumerate(full_row(row) for row in rows)
         ]  # fmt: skip
         with conn.cursor() as cur:
             cur.execute(
                 f"WITH c AS (SELECT {now} AS t) INSERT INTO {JOB_TABLE} (uid, queue_id, state, priority, run_at, "
                 f"enqueued_at, changed_at, attempts, max_attempts, generation, timeout_ms, payload, payload_size, "
-                f"last_error, errors, unique_key, idempotency, worker, metadata, tags) "
-                f"SELECT r.uid, %s, 'queued', r.priority, COALESCE(r.at, c.t + r.delay_ms), c.t, c.t, 0, r.max_attempts, "
-                f"0, r.timeout_ms, r.payload, r.size, '', '[]', r.unique_key, r.token, '', r.metadata, r.tags "
+                f"last_error, errors, unique_key, idempotency, worker, metadata, tags, concurrency_key) "
+                f"SELECT r.uid, %s, r.state, r.priority, COALESCE(r.at, c.t + r.delay_ms), c.t, c.t, 0, r.max_attempts, "
+                f"0, r.timeout_ms, r.payload, r.size, '', '[]', r.unique_key, r.token, '', r.metadata, r.tags, r.ckey "
                 f"FROM json_to_recordset(%s::json) AS r(o integer, uid text, priority integer, at bigint, delay_ms bigint, "
                 f"max_attempts integer, timeout_ms bigint, payload text, size integer, unique_key text, token text, "
-                f"metadata text, tags text) CROSS JOIN c ORDER BY r.o "
+                f"metadata text, tags text, ckey text, state text) CROSS JOIN c ORDER BY r.o "
                 f"ON CONFLICT DO NOTHING RETURNING uid, enqueued_at",
                 [queue_id, json.dumps(data, ensure_ascii=False)],
             )

@@ -52,6 +52,7 @@ class Policy:
     visibility_ms: int = 30_000
     idempotency_retention_ms: int = 300_000
     timeout_ms: int = 0
+    key_concurrency: int = 0  # the model enqueues no concurrency keys: tests/services/test_keys.py covers them
 
 
 @dataclass

@@ -130,12 +130,12 @@ def test_admin_lists_shows_adds_and_repairs_through_the_queue_database():
     # A new queue through the policy form: its unique-name check and the save both reach "queue".
     r = client.post("/admin/django_fq/queue/add/", {"name": "two:adm2", "max_attempts": 3, "concurrency": 0,
                     "backoff_ms": 1000, "max_backoff_ms": 3600000, "visibility_ms": 30000,
-                    "idempotency_retention_ms": 300000, "timeout_ms": 0})  # fmt: skip
+                    "idempotency_retention_ms": 300000, "timeout_ms": 0, "key_concurrency": 0})  # fmt: skip
     assert r.status_code == 302, r.content.decode()[:2000]
     assert fq.policy("two:adm2").max_attempts == 3
     r = client.post("/admin/django_fq/queue/add/", {"name": "two:adm2", "max_attempts": 3, "concurrency": 0,
                     "backoff_ms": 1000, "max_backoff_ms": 3600000, "visibility_ms": 30000,
-                    "idempotency_retention_ms": 300000, "timeout_ms": 0})  # fmt: skip
+                    "idempotency_retention_ms": 300000, "timeout_ms": 0, "key_concurrency": 0})  # fmt: skip
     assert r.status_code == 200 and b"already exists" in r.content
 
     r = client.post(f"/admin/django_fq/job/{seq}/cancel/")
