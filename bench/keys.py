@@ -46,7 +46,7 @@ def parse_args(argv=None):
     p.add_argument("--busy", type=int, default=100_000, help="held jobs of the one busy key (worst case)")
     p.add_argument("--samples", type=int, default=300, help="claims timed per claim case and round")
     p.add_argument("--rounds", type=int, default=2, help="rounds of the claim cases, alternated")
-    p.add_argument("--n", type=int, default=20_000, help="jobs per drain")
+    p.add_argument("--n", type=int, default=10_000, help="jobs per drain")
     p.add_argument("--drain-keys", type=int, default=1_000)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--logs", default="/tmp/fq-bench-keys")

@@ -91,6 +91,7 @@ from django.db.models import Case, F, Field, Value, When
 from . import conf, db, payloads, storage, validation
 from .exceptions import ImportConflict, InvalidArgument, InvalidBackup, QueueNotFound, TooManyQueues
 from .models import WAITING, IdempotencyToken, Job, Queue
+from .services import keys as slots
 from .services._base import (
     JOB,
     QUEUE,
@@ -103,7 +104,6 @@ from .services._base import (
     manager,
     queue_overflow,
 )
-from .services import keys as slots
 from .services.queues import POLICY_BOUNDS
 from .storage.base import body_statement_bytes, split_by_bytes
 from .types import TIMING_NAMES, TOTAL_NAMES, QueuePolicy

@@ -12,13 +12,14 @@ from __future__ import annotations
 import secrets
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from django.db import IntegrityError
 
 from .. import conf, db, middleware, payloads, storage, validation
 from ..exceptions import EnqueueRefused, InvalidArgument, InvalidTime
 from ..types import EnqueueResult
+from . import keys as slots
 from ._base import (
     add_counters,
     check_queue_room,
@@ -27,7 +28,6 @@ from ._base import (
     max_jobs_per_queue,
     policy_of,
 )
-from . import keys as slots
 from .queues import POLICY_BOUNDS
 
 #: Keys an enqueue envelope may carry (the REST body and ``enqueue_many`` items).
@@ -479,7 +479,7 @@ def _due(conn, now: str, items: list[_Item], indexes: list[int]) -> list[tuple[i
     for i in indexes:
         it = items[i]
         due = it.at <= clock if it.at is not None else not it.delay_ms
-        out.append((i, it.concurrency_key, it.priority, due))
+        out.append((i, cast(str, it.concurrency_key), it.priority, due))
     return out
 
 

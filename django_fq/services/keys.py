@@ -73,7 +73,7 @@ def finish_enqueue(conn, *, queue_id: int, queue: str, limit: int, rows: dict, a
     _admit(conn, queue_id, queue, limit, rows, {k: r["admitted"] + admitted.get(k, 0) for k, r in rows.items()})
 
 
-def give_back(conn, *, queue_id: int, queue: str | None, freed: Iterable[str]) -> None:
+def give_back(conn, *, queue_id: int, queue: str | None, freed: Iterable[str | None]) -> None:
     """One slot of each key in ``freed`` (a key once per slot) is free again: admit the next held jobs.
 
     Call it in the transaction that ended the lease or took the admitted job
@@ -92,7 +92,7 @@ def give_back(conn, *, queue_id: int, queue: str | None, freed: Iterable[str]) -
         _admit(conn, queue_id, queue, limit, rows, {k: max(0, r["admitted"] - counts[k]) for k, r in rows.items()})
 
 
-def admit(conn, *, queue_id: int, queue: str | None, keys: Iterable[str], create: bool = True) -> None:
+def admit(conn, *, queue_id: int, queue: str | None, keys: Iterable[str | None], create: bool = True) -> None:
     """Admit due held jobs of ``keys`` while they have room (a retry, a requeue, a wake); no slot changes hands.
 
     ``create=False``: the key rows exist already (a wake), so none is inserted.

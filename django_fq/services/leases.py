@@ -23,12 +23,12 @@ from typing import Any
 from django.db import DatabaseError
 
 from .. import db, payloads, receipts, storage, validation, wakeup
-from . import keys as slots
 from ..conf import CLAIM_PAYLOAD_CAP_BYTES
 from ..exceptions import FqError, InvalidReceipt, QueueNotFound, ReceiptCancelled
 from ..models import Job, Queue
 from ..storage.base import split_by_bytes
 from ..types import ClaimedJob, SettleResult
+from . import keys as slots
 from ._base import (
     JOB,
     LEASE,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from .. import db, storage, validation
-from . import keys as slots
 from ..exceptions import InvalidPolicy, QueueNotFound
 from ..types import STATE_NAMES, PauseResult, QueueInfo, QueuePolicy
+from . import keys as slots
 from ._base import (
     JOB,
     POLICY_FIELDS,

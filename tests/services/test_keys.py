@@ -169,7 +169,7 @@ def test_nack_with_a_delay_holds_the_job_and_admits_the_next(q, two, frozen):
 
 
 def test_nack_without_delay_keeps_the_slot_for_the_same_job(q, two):
-    running, second = two
+    running, _ = two
     fq.nack(q, running.receipt, delay_ms=0)
     assert claim_one(q).id == running.id
     assert fq.claim(q) == []
@@ -193,7 +193,7 @@ def test_release_keeps_the_place_and_snooze_gives_the_slot_back(q, two, frozen):
 
 
 def test_expiry_gives_the_slot_back(q, two, frozen):
-    running, second = two
+    _, second = two
     frozen.advance(1000)  # at the deadline: expired (§5)
     got = fq.claim(q, count=5)
     # The expired job waits out its backoff held; its key's slot went to the next job.
