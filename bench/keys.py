@@ -32,6 +32,8 @@ import subprocess
 import sys
 import time
 
+from bench import pgdb
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUEUE = "bench"  # served by bench/benchapp/fq_handlers.py
 CLAIM_QUEUE = "claimbench"  # never served by a worker
@@ -52,10 +54,6 @@ def parse_args(argv=None):
     p.add_argument("--logs", default="/tmp/fq-bench-keys")
     p.add_argument("--out", help="write the results as JSON here")
     return p.parse_args(argv)
-
-
-def psql(sql: str) -> None:
-    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-q", "-c", sql], check=True, capture_output=True)
 
 
 def _reset() -> None:
@@ -149,22 +147,10 @@ def drain_case(case: str, args, i: int) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not args.db_name.replace("_", "").isalnum():
-        raise SystemExit(f"bad database name {args.db_name!r}")
-    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
-    os.environ["FQ_BENCH_DB"] = "postgres"
-    os.environ["FQ_BENCH_PG_NAME"] = args.db_name
     os.makedirs(args.logs, exist_ok=True)
-    psql(f'DROP DATABASE IF EXISTS "{args.db_name}" WITH (FORCE)')
-    psql(f'CREATE DATABASE "{args.db_name}"')
-    sys.path.insert(0, REPO)
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    pgdb.fresh(args.db_name)
     from django.db import connection
 
-    call_command("migrate", verbosity=0, interactive=False)
     started = time.perf_counter()
     claims: list[dict] = []
     drains: list[dict] = []
@@ -180,7 +166,7 @@ def main(argv=None) -> int:
             print(json.dumps(drains[-1]), flush=True)
     finally:
         connection.close()
-        psql(f'DROP DATABASE IF EXISTS "{args.db_name}" WITH (FORCE)')
+        pgdb.drop(args.db_name)
 
     def med(rows, case, field):
         return statistics.median(r[field] for r in rows if r["case"] == case)
