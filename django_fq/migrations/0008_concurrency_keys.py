@@ -42,9 +42,7 @@ class Migration(migrations.Migration):
             options={
                 "db_table": "django_fq_key",
                 "indexes": [
-                    models.Index(
-                        condition=models.Q(("wake_at__isnull", False)), fields=["queue", "wake_at"], name="fq_key_wake"
-                    )
+                    models.Index(fields=["queue", "wake_at"], name="fq_key_wake")
                 ],
                 "constraints": [models.UniqueConstraint(fields=("queue", "key"), name="fq_key_unique")],
             },

@@ -31,7 +31,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from .. import db, storage
-from ._base import QUEUE
+from ..models import Queue
+from ._base import QUEUE, manager
 
 #: Key rows per statement of one call (their parameters stay under every database's limit).
 KEY_CHUNK = 1000
@@ -114,6 +115,10 @@ def wake(*, queue_id: int | None = None, limit: int = WAKE_BATCH) -> int:
     """
     conn = db.connection()
     store = storage.for_connection(conn)
+    if queue_id is None:
+        # Queue by queue, through the (queue, wake_at) index: only queues with a key limit keep keys.
+        limited = manager(Queue).filter(key_concurrency__gt=0).values_list("id", flat=True)
+        return sum(wake(queue_id=qid, limit=limit) for qid in limited)
     due = store.due_keys(conn, now=db.now_sql(conn), queue_id=queue_id, limit=limit)
     by_queue: dict[int, list[str]] = {}
     for qid, key in due:

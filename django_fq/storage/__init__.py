@@ -10,6 +10,7 @@ life of the process. Everything else asks the store, or reads its
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from django.db import connections
@@ -105,7 +106,7 @@ def unavailable(cause: BaseException) -> bool:
     return any(cls.is_unavailable(cause) for cls in BACKENDS.values())
 
 
-def migration_ddl(method: str) -> tuple:
+def migration_ddl(method: str) -> tuple[Callable[[Any, Any], None], Callable[[Any, Any], None]]:
     """``(forwards, backwards)`` for ``migrations.RunPython``: run the DDL store method ``method`` gives.
 
     ``method`` names a :class:`Store` method ``(conn, *, reverse) -> list[str]``
