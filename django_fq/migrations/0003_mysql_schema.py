@@ -17,22 +17,7 @@ collation again on this backend. Django's ``fq_job_claim`` and
 
 from django.db import migrations
 
-
-def _run(schema_editor, reverse: bool) -> None:
-    from django_fq import storage
-
-    conn = schema_editor.connection
-    store = storage.find(conn)
-    for sql in [] if store is None else store.schema_sql(conn, reverse=reverse):
-        schema_editor.execute(sql, params=None)
-
-
-def forwards(apps, schema_editor):
-    _run(schema_editor, reverse=False)
-
-
-def backwards(apps, schema_editor):
-    _run(schema_editor, reverse=True)
+from django_fq import storage
 
 
 class Migration(migrations.Migration):
@@ -42,5 +27,5 @@ class Migration(migrations.Migration):
 
     operations = [
         # Not atomic: MySQL cannot roll DDL back, and Django refuses DDL inside a transaction there.
-        migrations.RunPython(forwards, backwards, atomic=False, hints={"model_name": "job"}),
+        migrations.RunPython(*storage.migration_ddl("schema_sql"), atomic=False, hints={"model_name": "job"}),
     ]

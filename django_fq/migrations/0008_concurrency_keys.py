@@ -12,22 +12,7 @@ active-unique-key column recomputed with ``held``, and the held index with
 
 from django.db import migrations, models
 
-
-def _run(schema_editor, reverse: bool) -> None:
-    from django_fq import storage
-
-    conn = schema_editor.connection
-    store = storage.find(conn)
-    for sql in [] if store is None else store.keys_schema_sql(conn, reverse=reverse):
-        schema_editor.execute(sql, params=None)
-
-
-def forwards(apps, schema_editor):
-    _run(schema_editor, reverse=False)
-
-
-def backwards(apps, schema_editor):
-    _run(schema_editor, reverse=True)
+from django_fq import storage
 
 
 class Migration(migrations.Migration):
@@ -57,7 +42,7 @@ class Migration(migrations.Migration):
             options={
                 "db_table": "django_fq_key",
                 "indexes": [
-                    models.Index(condition=models.Q(("wake_at__isnull", False)), fields=["wake_at"], name="fq_key_wake")
+                    models.Index(fields=["queue", "wake_at"], name="fq_key_wake")
                 ],
                 "constraints": [models.UniqueConstraint(fields=("queue", "key"), name="fq_key_unique")],
             },
@@ -109,5 +94,5 @@ class Migration(migrations.Migration):
             ),
         ),
         # Not atomic: MySQL cannot roll DDL back, and Django refuses DDL inside a transaction there.
-        migrations.RunPython(forwards, backwards, atomic=False, hints={"model_name": "job"}),
+        migrations.RunPython(*storage.migration_ddl("keys_schema_sql"), atomic=False, hints={"model_name": "job"}),
     ]

@@ -10,8 +10,9 @@ queue-full limit is checked; then the job is inserted.
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from django.db import IntegrityError
 
@@ -376,10 +377,16 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool, create: bool = 
         results.append(EnqueueResult(uids[i], True))
         new.append(i)
 
+    states: dict[int, str] = {}
     if new:
         check_queue_room(conn, q.id, jobs=len(new))
         _lock_keys(conn, q.id, {items[i].unique_key for i in new})
-        created = _insert_jobs(conn, now, q.id, pol, items, uids, new)
+        keyed_new = [i for i in new if items[i].concurrency_key is not None]
+        if keyed_new:  # admitted to their key's slots, or held (services.keys)
+            states, key_limit, key_rows = slots.plan_enqueue(
+                conn, queue_id=q.id, limit=q.key_concurrency, jobs=_due(conn, now, items, keyed_new)
+            )
+        created = _insert_jobs(conn, now, q.id, pol, items, uids, new, states)
         for i in new:
             if uids[i] in created:
                 continue
@@ -387,7 +394,7 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool, create: bool = 
             key = items[i].unique_key
             target = _active_keys(conn, q.id, {key}, refused=True).get(key) if key is not None else None
             if target is None:
-                created |= _insert_jobs(conn, now, q.id, pol, items, uids, [i])
+                created |= _insert_jobs(conn, now, q.id, pol, items, uids, [i], states)
                 if uids[i] in created:
                     continue
                 raise InvalidArgument("unique_key is contended; try again", field="unique_key")
@@ -404,10 +411,11 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool, create: bool = 
     store = storage.for_connection(conn)
     for token, target in token_fixups.items():
         store.point_token(conn, q.id, token, target)
-    keyed = [(uids[i], items[i].concurrency_key) for i in new if items[i].concurrency_key] if new else []
-    keyed = [(uid, key) for uid, key in keyed if uid in created]
-    if keyed:  # held or admitted to their key's slots, in this transaction (services.keys)
-        slots.admit_enqueued(conn, queue_id=q.id, queue=queue, limit=q.key_concurrency, jobs=keyed)
+    if states:
+        admitted = Counter(
+            items[i].concurrency_key for i, state in states.items() if state == "queued" and uids[i] in created
+        )
+        slots.finish_enqueue(conn, queue_id=q.id, queue=queue, limit=key_limit, rows=key_rows, admitted=admitted)
 
     if new:  # the new jobs' enqueue times, as the database wrote them
         results = [EnqueueResult(r.id, True, created[r.id]) if r.created else r for r in results]
@@ -464,8 +472,22 @@ def _lock_keys(conn, queue_id: int, keys: set) -> None:
     storage.for_connection(conn).lock_unique_keys(conn, queue_id, sorted(k for k in keys if k is not None))
 
 
-def _insert_jobs(conn, now, queue_id, pol, items, uids, indexes) -> dict[str, int]:
-    """Insert the jobs of ``indexes``; return ``{uid: enqueued_at}`` of those inserted (unique-key conflicts skip)."""
+def _due(conn, now: str, items: list[_Item], indexes: list[int]) -> list[tuple[int, str, int, bool]]:
+    """``(index, concurrency_key, priority, due)`` of keyed items: due when eligible at once (no delay, no later ``at``)."""
+    clock = storage.for_connection(conn).clock_plus(conn, now, 0) if any(items[i].at is not None for i in indexes) else 0
+    out = []
+    for i in indexes:
+        it = items[i]
+        due = it.at <= clock if it.at is not None else not it.delay_ms
+        out.append((i, cast(str, it.concurrency_key), it.priority, due))
+    return out
+
+
+def _insert_jobs(conn, now, queue_id, pol, items, uids, indexes, states=None) -> dict[str, int]:
+    """Insert the jobs of ``indexes``; return ``{uid: enqueued_at}`` of those inserted (unique-key conflicts skip).
+
+    ``states``: index → ``queued`` or ``held`` for keyed items (:func:`~django_fq.services.keys.plan_enqueue`).
+    """
     store = storage.for_connection(conn)
     created: dict[str, int] = {}
     for start in range(0, len(indexes), _CHUNK):
@@ -489,6 +511,8 @@ def _insert_jobs(conn, now, queue_id, pol, items, uids, indexes) -> dict[str, in
                     it.token,
                     it.metadata,
                     it.tags,
+                    it.concurrency_key,
+                    (states or {}).get(i, "queued"),
                 )
             )
         inserted = store.insert_jobs(conn, now=now, queue_id=queue_id, rows=rows)

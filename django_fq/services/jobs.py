@@ -225,7 +225,7 @@ def retry(queue: str, job_id: str) -> JobInfo:
     Raises :class:`JobNotFound`, :class:`InvalidState` (not dead, or its
     unique_key is now held by another active job, named in the error).
     """
-    q = get_queue(queue)
+    get_queue(queue)  # QueueNotFound before any transaction
 
     def apply():
         conn = db.connection()

@@ -129,6 +129,17 @@ def test_policy_edit_goes_through_configure(root_client, queue):
     assert (policy.concurrency, policy.backoff_ms, policy.timeout_ms, policy.max_attempts) == (7, 250, 9_000, 3)
 
 
+def test_the_policy_form_sets_key_concurrency_and_refuses_it_out_of_bounds(root_client, queue):
+    url = CHANGE.format(queue_pk(queue))
+    response = root_client.post(url, _policy_post(queue, key_concurrency=2))
+    assert response.status_code == 302, response.context and response.context["adminform"].form.errors
+    assert fq.policy(queue).key_concurrency == 2
+    response = root_client.post(url, _policy_post(queue, key_concurrency=100_001))
+    assert response.status_code == 200
+    assert "key_concurrency" in response.context["adminform"].form.errors
+    assert fq.policy(queue).key_concurrency == 2
+
+
 @pytest.mark.parametrize(
     ("changes", "field", "message"),
     [
