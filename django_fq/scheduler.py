@@ -55,7 +55,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
 from django.conf import settings
-from django.core.checks import Error, register
+from django.core.checks import CheckMessage, Error, register
 from django.core.checks import Warning as CheckWarning
 
 from . import conf, db, validation
@@ -211,7 +211,7 @@ def check_schedule(app_configs=None, **kwargs):
     schedule = raw_schedule()
     if not isinstance(schedule, Mapping):
         return [Error(f"{SETTING} must be a dict mapping entry names to entries.", id=E_ENTRY)]
-    errors = []
+    errors: list[CheckMessage] = []
     for name, raw in schedule.items():
         problems = _problems(name, raw)
         for check_id, message in problems:
