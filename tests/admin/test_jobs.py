@@ -11,7 +11,19 @@ from django_fq import services as fq
 from django_fq.exceptions import ReceiptCancelled
 from django_fq.models import Job
 
-from .helpers import changelist, claim_one, client_for, job_url, listed_ids, make, messages_of, queue_pk, seq, squash, text
+from .helpers import (
+    changelist,
+    claim_one,
+    client_for,
+    job_url,
+    listed_ids,
+    make,
+    messages_of,
+    queue_pk,
+    seq,
+    squash,
+    text,
+)
 
 pytestmark = pytest.mark.django_db
 

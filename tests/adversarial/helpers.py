@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
-from django.db import connections
+from django.db import connection, connections, transaction
 
 
 class Background:
@@ -99,3 +99,26 @@ def wait_for_lock_waiter(n: int = 1, timeout: float = 10.0, thread: Background |
 
 
 __all__ = ["Background", "lock_waiters", "run_elsewhere", "wait_for_lock_waiter"]
+
+
+class repeatable_read:
+    """A transaction of the caller's at REPEATABLE READ whose snapshot is taken on entry (a read of ``table``)."""
+
+    def __init__(self, table: str = "django_fq_queue"):
+        self.table = table
+
+    def __enter__(self):
+        if connection.vendor == "mysql":
+            with connection.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        self.atomic = transaction.atomic()
+        self.atomic.__enter__()
+        with connection.cursor() as cur:
+            if connection.vendor == "postgresql":
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cur.execute(f"SELECT COUNT(*) FROM {self.table}")  # the snapshot is taken here
+            cur.fetchone()
+        return self
+
+    def __exit__(self, *exc):
+        return self.atomic.__exit__(*exc)

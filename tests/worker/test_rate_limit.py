@@ -13,6 +13,7 @@ import pytest
 
 from django_fq import services as fq
 from django_fq.models import Job, Queue
+from tests.services.helpers import most_in_a_window
 
 from .helpers import wait_until
 
@@ -24,16 +25,6 @@ Q = "t.rate"
 def _instants() -> list[int]:
     qid = Queue.objects.get(name=Q).id
     return sorted(Job.objects.filter(queue_id=qid, claimed_at__isnull=False).values_list("claimed_at", flat=True))
-
-
-def _most_in_a_window(instants: list[int], window_ms: int) -> int:
-    """The most instants in any half-open window [s, s + window_ms) (the busiest starts at an instant)."""
-    most, lo = 0, 0
-    for hi, t in enumerate(instants):
-        while instants[lo] <= t - window_ms:
-            lo += 1
-        most = max(most, hi - lo + 1)
-    return most
 
 
 def _run(workers, *, limit: int, window_ms: int, seconds: int, processes: int) -> None:
@@ -53,10 +44,10 @@ def _run(workers, *, limit: int, window_ms: int, seconds: int, processes: int) -
     for proc in procs:
         assert proc.wait(timeout=30) == 0
     instants = _instants()
-    assert _most_in_a_window(instants, window_ms) <= limit, "a window held more claims than the rate limit"
+    assert most_in_a_window(instants, window_ms) <= limit, "a window held more claims than the rate limit"
     admitted = sum(1 for t in instants if t < instants[0] + span_ms)
     allowed = limit * span_ms // window_ms
-    print(f"{admitted} of {allowed} claims admitted in {span_ms} ms; busiest window {_most_in_a_window(instants, window_ms)}")
+    print(f"{admitted} of {allowed} claims admitted in {span_ms} ms; busiest window {most_in_a_window(instants, window_ms)}")
     assert 0.98 * allowed <= admitted <= allowed, f"{admitted} claims in {span_ms} ms, limit {allowed}"
 
 
