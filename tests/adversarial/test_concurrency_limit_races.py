@@ -28,7 +28,7 @@ def test_claim_uses_the_limit_in_force_when_it_locks_the_queue():
 
     def lower_the_limit_after_the_read(execute, sql, params, many, context):
         result = execute(sql, params, many, context)
-        if not changed and sql.startswith("SELECT concurrency FROM"):
+        if not changed and sql.startswith("SELECT concurrency, rate_limit, rate_window_ms FROM"):
             changed.append(run_elsewhere(lambda: fq.configure(q, concurrency=1)))
         return result
 
