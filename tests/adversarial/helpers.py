@@ -6,6 +6,7 @@ Lock waits are looked up in the server's own views (PostgreSQL ``pg_stat_activit
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -122,3 +123,25 @@ class repeatable_read:
 
     def __exit__(self, *exc):
         return self.atomic.__exit__(*exc)
+
+
+#: The claim's first read of the queue's limits (services.leases._claim_once), before any lock.
+LIMITS_READ = "SELECT concurrency, rate_limit, rate_window_ms FROM"
+
+
+@contextlib.contextmanager
+def after_the_limits_read(fn):
+    """Within the block, run ``fn`` elsewhere (and wait for it) right after this connection first reads a queue's limits.
+
+    Yields the list that then holds ``fn``'s :class:`Background` (empty if the read never came).
+    """
+    done: list[Background] = []
+
+    def hook(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if not done and sql.startswith(LIMITS_READ):
+            done.append(run_elsewhere(fn))
+        return result
+
+    with connection.execute_wrapper(hook):
+        yield done

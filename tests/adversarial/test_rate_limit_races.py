@@ -13,7 +13,7 @@ from django_fq.models import Job, Queue
 from tests.services.helpers import most_in_a_window
 from tests.threads import elsewhere
 
-from .helpers import repeatable_read
+from .helpers import after_the_limits_read, repeatable_read
 
 Q = "atk-rate"
 
@@ -87,20 +87,10 @@ def test_a_claim_in_a_snapshot_older_than_the_last_claim_does_not_count_from_it(
 def test_a_claim_uses_the_rate_limit_in_force_when_it_locks_the_queue():
     """The claim reads the policy (limit 3), configure(rate_limit=1) commits, then the claim locks the queue:
     it must judge the window by 1 (re-read under the lock), not by the 3 it read first."""
-    from .helpers import run_elsewhere
-
     fq.configure(Q, rate_limit=3, rate_window_ms=600_000)
     fq.enqueue_many(Q, [{"payload": i} for i in range(5)])
     assert len(fq.claim(Q)) == 1
-    changed = []
-
-    def lower_the_limit_after_the_read(execute, sql, params, many, context):
-        result = execute(sql, params, many, context)
-        if not changed and sql.startswith("SELECT concurrency, rate_limit, rate_window_ms FROM"):
-            changed.append(run_elsewhere(lambda: fq.configure(Q, rate_limit=1)))
-        return result
-
-    with connection.execute_wrapper(lower_the_limit_after_the_read):
+    with after_the_limits_read(lambda: fq.configure(Q, rate_limit=1)) as changed:
         second = fq.claim(Q, count=5)
     assert changed and changed[0].error is None
     assert second == [] and second.rate_wait_ms > 0
