@@ -476,9 +476,10 @@ class Store(abc.ABC):
     ) -> list[tuple]:
         """The one-statement claim (only where :attr:`supports_one_statement_claim`); one round trip, autocommit.
 
-        Looks queue ``queue_name`` up; unless it has a limit (a concurrency or a
-        rate limit: those claims take :meth:`take_jobs`), or expired leases and not ``after_reap``, and unless it is paused (no job
-        then, as from an empty queue), takes up to ``count`` (1–1000)
+        Looks queue ``queue_name`` up; unless it has a limit (a concurrency or
+        a rate limit: those claims take :meth:`take_jobs`), or expired leases
+        and not ``after_reap``, and unless it is paused (no job then, as from
+        an empty queue), takes up to ``count`` (1–1000)
         eligible jobs in claim order whose summed payload sizes stay within
         ``cap`` bytes, under leases of ``visibility_ms`` (``None``: the queue's
         default; capped by each job's timeout), writes the leases (receipt

@@ -54,3 +54,14 @@ def rows(queue: str) -> dict:
         "leases": Lease.objects.filter(queue_id=qid).count(),
         "tokens": IdempotencyToken.objects.filter(queue_id=qid).count(),
     }
+
+
+def most_in_a_window(instants: list[int], window_ms: int) -> int:
+    """The most of ``instants`` (epoch ms) in any half-open window [s, s + window_ms); the busiest starts at one."""
+    instants = sorted(instants)
+    most, lo = 0, 0
+    for hi, t in enumerate(instants):
+        while instants[lo] <= t - window_ms:
+            lo += 1
+        most = max(most, hi - lo + 1)
+    return most
