@@ -42,10 +42,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def psql(sql: str) -> None:
-    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-q", "-c", sql], check=True, capture_output=True)
-
-
 def child(out_path: str, argv: list[str]) -> None:
     """Run ``manage.py fq_worker`` (``argv``) in this process; write the CPU seconds of ``Worker.run`` alone to ``out_path``.
 
@@ -83,25 +79,16 @@ def main(argv=None) -> int:
     order = [r.strip() for r in args.order.split(",") if r.strip()]
     if any(r not in ("base", "new") for r in order) or ("base" in order and not args.base):
         raise SystemExit("--order takes base/new; base needs --base")
-    if not args.db_name.replace("_", "").isalnum():
-        raise SystemExit(f"bad database name {args.db_name!r}")
-    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
-    os.environ["FQ_BENCH_DB"] = "postgres"
-    os.environ["FQ_BENCH_PG_NAME"] = args.db_name
     os.makedirs(args.logs, exist_ok=True)
-    psql(f'DROP DATABASE IF EXISTS "{args.db_name}" WITH (FORCE)')
-    psql(f'CREATE DATABASE "{args.db_name}"')
-    sys.path.insert(0, REPO)
-    import django
+    # Here, not at the top: the --child run imports this file with the base checkout on its path.
+    from bench import pgdb
 
-    django.setup()
-    from django.core.management import call_command
+    pgdb.fresh(args.db_name)
     from django.db import connection
 
     from django_fq import services
     from django_fq.models import IdempotencyToken, Job, Lease, Queue, QueueCounter
 
-    call_command("migrate", verbosity=0, interactive=False)
     tables = ", ".join(t._meta.db_table for t in (Lease, IdempotencyToken, QueueCounter, Job, Queue))
     runs = []
     try:
@@ -149,7 +136,7 @@ def main(argv=None) -> int:
                 raise SystemExit(f"run {i} ({which}): {done} of {args.n} succeeded, exit {run['exit']}; see {log_path}")
     finally:
         connection.close()
-        psql(f'DROP DATABASE IF EXISTS "{args.db_name}" WITH (FORCE)')
+        pgdb.drop(args.db_name)
     for which in ("base", "new"):
         for field in ("cpu_us_per_job", "run_cpu_us_per_job"):
             mine = [r[field] for r in runs if r["which"] == which]

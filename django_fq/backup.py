@@ -8,7 +8,7 @@ ASCII only, with ``\\u`` escapes):
 * per queue, in name order: a ``queue`` line, then its ``job`` lines (in claim
   order: enqueue sequence), then its ``token`` lines.
 
-``{"type": "queue", "name", "created_at", "policy": {the policy fields},
+``{"type": "queue", "name", "created_at", "policy": {every policy field, the rate limit's included},
 "totals": {enqueued, deduplicated, claimed, ..., wait_ms_sum, wait_count,
 run_ms_sum, run_count}, "paused", "paused_at"}`` — ``paused`` true while the
 queue was paused (docs/reference/semantics.md §9 "Pause"), ``paused_at`` its

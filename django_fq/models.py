@@ -417,7 +417,8 @@ class ConcurrencyKey(models.Model):
     class Meta:
         db_table = "django_fq_key"
         constraints = [models.UniqueConstraint(fields=["queue", "key"], name="fq_key_unique")]
-        indexes = [models.Index(fields=["wake_at"], name="fq_key_wake", condition=Q(wake_at__isnull=False))]
+        # Plain, not partial (MariaDB/MySQL would drop the condition, and warn): one row per key.
+        indexes = [models.Index(fields=["queue", "wake_at"], name="fq_key_wake")]
 
     def __str__(self) -> str:
         return f"key {self.key} of queue {self.queue_id}"

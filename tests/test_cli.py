@@ -849,3 +849,31 @@ def test_missing_tables_give_a_one_line_error_with_a_hint():
     finally:
         with connection.cursor() as cur:
             cur.execute("ALTER TABLE django_fq_queue_away RENAME TO django_fq_queue")
+
+
+# --- rate limits and snoozes (docs/reference/semantics.md §9 "Rate limits") -----------------------
+
+
+def test_config_refuses_a_bad_rate_limit_by_its_option_and_writes_nothing():
+    ok("config", Q, "--rate-limit", 5)
+    err = fails("config", Q, "--rate-limit", 1_000_001, code="invalid_policy", field="rate_limit")
+    assert "--rate-limit" in err["message"] or "rate_limit" in err["message"]
+    fails("config", Q, "--rate-window", 0, code="invalid_policy", field="rate_window_ms")
+    assert services.policy(Q).rate_limit == 5 and services.policy(Q).rate_window_ms == 1000
+
+
+def test_claim_says_when_the_rate_limit_lets_the_next_job_through():
+    services.configure(Q, rate_limit=1, rate_window_ms=60_000)
+    services.enqueue(Q, {"n": 1})
+    services.enqueue(Q, {"n": 2})
+    assert len(ok("claim", Q, "--count", 2)) == 1  # --json: still the list of jobs
+    run = fq("claim", Q)
+    assert run.code == 0 and "rate limit reached: the next job may be claimed in" in run.out
+
+
+def test_get_shows_the_snooze_count():
+    job = services.enqueue(Q, {"n": 1}).id
+    receipt = ok("claim", Q)[0]["receipt"]
+    ok("release", Q, receipt, "--delay-ms", 0)
+    assert ok("get", Q, job)["snoozes"] == 1
+    assert "snoozes" in fq("get", Q, job).out

@@ -547,7 +547,14 @@ def test_three_threads_calling_run_due_at_once_enqueue_each_tick_once(settings, 
     settings.FQ_SCHEDULE = RACE_SCHEDULE
     travel(clock, RACE_NOW)
     expected = expected_race_jobs()
-    barrier = threading.Barrier(3)
+    created = run_due_in_threads(3, rounds=5)
+    assert sum(created) == len(expected)
+    assert_each_tick_once(expected)
+
+
+def run_due_in_threads(n: int, *, rounds: int = 1) -> list[int]:
+    """``n`` threads, each with its own connection, call ``run_due`` ``rounds`` times at once; jobs created by each."""
+    barrier = threading.Barrier(n)
     created: list[int] = []
     errors: list[BaseException] = []
 
@@ -555,20 +562,19 @@ def test_three_threads_calling_run_due_at_once_enqueue_each_tick_once(settings, 
         try:
             fqdb.db_now_ms()  # own connection, opened before the race
             barrier.wait(timeout=30)
-            created.append(sum(scheduler.run_due() for _ in range(5)))
+            created.append(sum(scheduler.run_due() for _ in range(rounds)))
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=worker) for _ in range(3)]
+    threads = [threading.Thread(target=worker) for _ in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
     assert not errors, errors
-    assert sum(created) == len(expected)
-    assert_each_tick_once(expected)
+    return created
 
 
 # --- overlap: skip a tick while an earlier tick's job is still active ----------------------------
@@ -659,28 +665,7 @@ def test_overlap_skip_leaves_other_entries_and_other_unique_keys_alone(settings,
 def test_overlap_skip_three_threads_at_once_make_one_job(settings, clock):
     settings.FQ_SCHEDULE = {"m": {"cron": "* * * * *", "queue": "cron.skiprace", "timezone": "UTC"}}
     travel(clock, ms(2025, 5, 5, 10, 0, 5))
-    results: list[int] = []
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(3)
-
-    def worker():
-        try:
-            fqdb.db_now_ms()
-            barrier.wait(timeout=30)
-            results.append(scheduler.run_due())
-            clock_now = fqdb.db_now_ms()
-            assert clock_now  # the connection is still usable after the race
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=worker) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors, errors
+    results = run_due_in_threads(3)
     assert sum(results) == 1
     assert len(ticks("cron.skiprace")) == 1
     clock.advance(MINUTE)  # the next tick races onto the still-ready job: skipped by all three

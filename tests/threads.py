@@ -38,3 +38,31 @@ def elsewhere(fn: Callable[[], Any], *, timeout_s: float = 60) -> Any:
     if "error" in out:
         raise out["error"]
     return out.get("value")
+
+
+def in_threads(n: int, target: Callable[[int], Any], *, timeout_s: float = 60) -> list:
+    """Run ``target(i)`` for i in 0..n-1 on ``n`` real threads at once, each with its own connection.
+
+    Returns their values in order; re-raises here the first error one raised;
+    fails if a thread is still running after ``timeout_s`` seconds.
+    """
+    results: list = [None] * n
+    errors: list = []
+
+    def run(i):
+        try:
+            results[i] = target(i)
+        except BaseException as exc:  # re-raised in the test's thread
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    assert not any(t.is_alive() for t in threads), "a thread did not finish"
+    if errors:
+        raise errors[0]
+    return results

@@ -17,7 +17,7 @@ collation again on this backend. Django's ``fq_job_claim`` and
 
 from django.db import migrations
 
-from ._store_ddl import operation
+from django_fq import storage
 
 
 class Migration(migrations.Migration):
@@ -26,5 +26,6 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        operation("schema_sql"),
+        # Not atomic: MySQL cannot roll DDL back, and Django refuses DDL inside a transaction there.
+        migrations.RunPython(*storage.migration_ddl("schema_sql"), atomic=False, hints={"model_name": "job"}),
     ]

@@ -12,7 +12,7 @@ active-unique-key column recomputed with ``held``, and the held index with
 
 from django.db import migrations, models
 
-from ._store_ddl import operation
+from django_fq import storage
 
 
 class Migration(migrations.Migration):
@@ -42,7 +42,7 @@ class Migration(migrations.Migration):
             options={
                 "db_table": "django_fq_key",
                 "indexes": [
-                    models.Index(condition=models.Q(("wake_at__isnull", False)), fields=["wake_at"], name="fq_key_wake")
+                    models.Index(fields=["queue", "wake_at"], name="fq_key_wake")
                 ],
                 "constraints": [models.UniqueConstraint(fields=("queue", "key"), name="fq_key_unique")],
             },
@@ -93,5 +93,6 @@ class Migration(migrations.Migration):
                 name="fq_job_active_unique_key",
             ),
         ),
-        operation("keys_schema_sql"),
+        # Not atomic: MySQL cannot roll DDL back, and Django refuses DDL inside a transaction there.
+        migrations.RunPython(*storage.migration_ddl("keys_schema_sql"), atomic=False, hints={"model_name": "job"}),
     ]

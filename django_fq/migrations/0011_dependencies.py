@@ -11,7 +11,7 @@ PostgreSQL and SQLite, where the constraint itself changes).
 import django.db.models.deletion
 from django.db import migrations, models
 
-from ._store_ddl import operation
+from django_fq import storage
 
 
 class Migration(migrations.Migration):
@@ -100,5 +100,8 @@ class Migration(migrations.Migration):
             model_name="dependency",
             constraint=models.UniqueConstraint(fields=("job", "upstream"), name="fq_dep_edge"),
         ),
-        operation("dependency_schema_sql"),
+        # Not atomic: MySQL cannot roll DDL back, and Django refuses DDL inside a transaction there.
+        migrations.RunPython(
+            *storage.migration_ddl("dependency_schema_sql"), atomic=False, hints={"model_name": "job"}
+        ),
     ]

@@ -133,7 +133,21 @@ def check(conn, wanted: Sequence[tuple[str, tuple[Edge, ...]]]) -> dict[str, tup
     return found
 
 
-def attach(conn, *, now: str, jobs: Sequence[tuple[str, int, tuple[Edge, ...]]], found) -> set[str]:
+def parked(jobs: Mapping[int, tuple[Edge, ...]], found: Mapping[str, tuple[int, str, int]]) -> set[int]:
+    """Of ``jobs`` (item index → its edges), the ones :func:`attach` will make ``waiting`` or ``cancelled``.
+
+    ``found``: what :func:`check` returned. The enqueue inserts them held, so
+    they never enter the claim index and take no slot of their key.
+    """
+    out = set()
+    for i, edges in jobs.items():
+        plan = _plan(edges, found)
+        if plan.pending or plan.cancelled_by is not None:
+            out.add(i)
+    return out
+
+
+def attach(conn, *, now: str, jobs: Sequence[tuple[str, int, tuple[Edge, ...]]], found) -> None:
     """Write the edges of jobs just inserted in this transaction; make the unsatisfied ones ``waiting``.
 
     ``jobs``: ``(uid, queue_id, edges)`` per new job with dependencies;
@@ -141,32 +155,28 @@ def attach(conn, *, now: str, jobs: Sequence[tuple[str, int, tuple[Edge, ...]]],
     satisfied at once (as is a failed one under ``run``); a dependency already
     dead under ``cancel``, or cancelled under ``cancel`` or ``wait``, cancels
     the new job at once (it is then created ``cancelled``, its history saying why).
-    Returns the uids of the jobs made ``waiting`` or ``cancelled`` (the others
-    are queued as without dependencies, and take their key's admission).
+    The others are queued as without dependencies (the enqueue inserted the
+    ones this makes ``waiting`` or ``cancelled`` held: :func:`parked`).
     """
     store = storage.for_connection(conn)
     seqs = store.job_seqs(conn, [uid for uid, _, _ in jobs])
     rows: list[tuple[int, int, str, bool]] = []
     waiting: list[tuple[int, int]] = []
     cancel: dict[str, list[tuple[int, int]]] = {}
-    parked: set[str] = set()
     for uid, queue_id, edges in jobs:
         plan = _plan(edges, found)
         seq = seqs[uid]
         rows += [(seq, up, policy, pending) for up, policy, pending in plan.edges]
         if plan.cancelled_by is not None:
             cancel.setdefault(plan.cancelled_by, []).append((seq, queue_id))
-            parked.add(uid)
         elif plan.pending:
             waiting.append((seq, plan.pending))
-            parked.add(uid)
     store.insert_dependencies(conn, rows)
     # Cancelled ones are made waiting first, so that the one cancel path writes them.
     store.mark_waiting(conn, waiting + [(seq, 1) for group in cancel.values() for seq, _ in group])
     for upstream, group in cancel.items():
         state = found[upstream][1]
         _cancel(conn, now, [seq for seq, _ in group], upstream, state)
-    return parked
 
 
 def finished(conn, seqs: Sequence[int], outcome: str) -> None:

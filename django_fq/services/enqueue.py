@@ -10,8 +10,9 @@ queue-full limit is checked; then the job is inserted.
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from django.db import IntegrityError
 
@@ -394,10 +395,20 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool, create: bool = 
     with_deps = {i: deps for i in new if (deps := items[i].depends_on)}
     wanted = [(f"items[{i}]." if batch else "", deps) for i, deps in with_deps.items()]
     found = dependencies.check(conn, wanted) if wanted else {}
+    # A job that will wait for dependencies (or be cancelled by one) is inserted held: outside the
+    # claim index until attach() makes it waiting, and no slot of its key (its release admits it).
+    states: dict[int, str] = dict.fromkeys(dependencies.parked(with_deps, found), "held")
+    keyed_new: list[int] = []
     if new:
         check_queue_room(conn, q.id, jobs=len(new))
         _lock_keys(conn, q.id, {items[i].unique_key for i in new})
-        created = _insert_jobs(conn, now, q.id, pol, items, uids, new)
+        keyed_new = [i for i in new if items[i].concurrency_key is not None and i not in states]
+        if keyed_new:  # admitted to their key's slots, or held (services.keys)
+            admission, key_limit, key_rows = slots.plan_enqueue(
+                conn, queue_id=q.id, limit=q.key_concurrency, jobs=_due(conn, now, items, keyed_new)
+            )
+            states.update(admission)
+        created = _insert_jobs(conn, now, q.id, pol, items, uids, new, states)
         for i in new:
             if uids[i] in created:
                 continue
@@ -405,7 +416,7 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool, create: bool = 
             key = items[i].unique_key
             target = _active_keys(conn, q.id, {key}, refused=True).get(key) if key is not None else None
             if target is None:
-                created |= _insert_jobs(conn, now, q.id, pol, items, uids, [i])
+                created |= _insert_jobs(conn, now, q.id, pol, items, uids, [i], states)
                 if uids[i] in created:
                     continue
                 raise InvalidArgument("unique_key is contended; try again", field="unique_key")
@@ -422,20 +433,16 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool, create: bool = 
     store = storage.for_connection(conn)
     for token, target in token_fixups.items():
         store.point_token(conn, q.id, token, target)
-    parked: set[str] = set()
     if wanted:  # the created jobs' edges; a job coalesced onto another keeps that one's dependencies
         made = {r.id for r in results if r.created}
         jobs = [(uids[i], q.id, deps) for i, deps in with_deps.items() if uids[i] in made]
         if jobs:
-            parked = dependencies.attach(conn, now=now, jobs=jobs, found=found)
-    keyed = [(uids[i], key) for i in new if (key := items[i].concurrency_key) and uids[i] in created]
-    if keyed:  # held or admitted to their key's slots, in this transaction (services.keys)
-        # A job waiting for dependencies (or cancelled by one) only records its key: it takes no
-        # slot until its release admits it (dependencies.finished).
-        slots.admit_enqueued(
-            conn, queue_id=q.id, queue=queue, limit=q.key_concurrency, jobs=[k for k in keyed if k[0] not in parked]
+            dependencies.attach(conn, now=now, jobs=jobs, found=found)
+    if keyed_new:  # after attach: the key's held jobs are only the ones admission holds
+        admitted = Counter(
+            items[i].concurrency_key for i in keyed_new if states[i] == "queued" and uids[i] in created
         )
-        slots.admit_enqueued(conn, queue_id=q.id, queue=queue, limit=0, jobs=[k for k in keyed if k[0] in parked])
+        slots.finish_enqueue(conn, queue_id=q.id, queue=queue, limit=key_limit, rows=key_rows, admitted=admitted)
 
     if new:  # the new jobs' enqueue times, as the database wrote them
         results = [EnqueueResult(r.id, True, created[r.id]) if r.created else r for r in results]
@@ -492,8 +499,22 @@ def _lock_keys(conn, queue_id: int, keys: set) -> None:
     storage.for_connection(conn).lock_unique_keys(conn, queue_id, sorted(k for k in keys if k is not None))
 
 
-def _insert_jobs(conn, now, queue_id, pol, items, uids, indexes) -> dict[str, int]:
-    """Insert the jobs of ``indexes``; return ``{uid: enqueued_at}`` of those inserted (unique-key conflicts skip)."""
+def _due(conn, now: str, items: list[_Item], indexes: list[int]) -> list[tuple[int, str, int, bool]]:
+    """``(index, concurrency_key, priority, due)`` of keyed items: due when eligible at once (no delay, no later ``at``)."""
+    clock = storage.for_connection(conn).clock_plus(conn, now, 0) if any(items[i].at is not None for i in indexes) else 0
+    out = []
+    for i in indexes:
+        it = items[i]
+        due = it.at <= clock if it.at is not None else not it.delay_ms
+        out.append((i, cast(str, it.concurrency_key), it.priority, due))
+    return out
+
+
+def _insert_jobs(conn, now, queue_id, pol, items, uids, indexes, states=None) -> dict[str, int]:
+    """Insert the jobs of ``indexes``; return ``{uid: enqueued_at}`` of those inserted (unique-key conflicts skip).
+
+    ``states``: index → ``queued`` or ``held`` for keyed items (:func:`~django_fq.services.keys.plan_enqueue`).
+    """
     store = storage.for_connection(conn)
     created: dict[str, int] = {}
     for start in range(0, len(indexes), _CHUNK):
@@ -517,6 +538,8 @@ def _insert_jobs(conn, now, queue_id, pol, items, uids, indexes) -> dict[str, in
                     it.token,
                     it.metadata,
                     it.tags,
+                    it.concurrency_key,
+                    (states or {}).get(i, "queued"),
                 )
             )
         inserted = store.insert_jobs(conn, now=now, queue_id=queue_id, rows=rows)

@@ -10,7 +10,8 @@ is kept by the writers that admit jobs or give slots back, each under the lock
 of the key's row (``django_fq_key``), in the transaction that changes the job:
 
 * an enqueue admits its new keyed jobs while their key has room (due ones,
-  in claim order), holds the rest;
+  in claim order) and inserts the rest ``held`` (:func:`plan_enqueue`), so a
+  held job never has an entry in the claim index;
 * whatever ends a lease or takes an admitted job out (ack, nack, expiry,
   timeout, snooze, cancel) gives the slot back and admits the key's next due
   held jobs, in claim order (priority, then seq);
@@ -30,7 +31,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from .. import db, storage
-from ._base import QUEUE
+from ..models import Queue
+from ._base import QUEUE, manager
 
 #: Key rows per statement of one call (their parameters stay under every database's limit).
 KEY_CHUNK = 1000
@@ -38,37 +40,47 @@ KEY_CHUNK = 1000
 WAKE_BATCH = 1000
 
 
-def admit_enqueued(conn, *, queue_id: int, queue: str, limit: int, jobs: Sequence[tuple[str, str]]) -> None:
-    """Give jobs this transaction just inserted (``(uid, concurrency_key)`` each) their key, and admit them.
+def plan_enqueue(conn, *, queue_id: int, limit: int, jobs: Sequence[tuple[int, str, int, bool]]):
+    """Before an enqueue inserts keyed jobs: lock their keys and decide which are admitted.
 
-    ``limit`` is the queue's ``key_concurrency`` as the enqueue read it under
-    its share lock of the queue row (a ``configure()`` of it waits for that
-    lock: :func:`rebalance`). With 0 the key is only recorded; otherwise the
-    jobs are held, then admitted in claim order while their key has room.
+    ``jobs``: ``(index, concurrency_key, priority, due)`` per new keyed job, in
+    enqueue order. ``limit`` is the queue's ``key_concurrency`` as the enqueue
+    read it under its share lock of the queue row (a ``configure()`` of it
+    waits for that lock: :func:`rebalance`). Returns ``(states, limit, rows)``:
+    ``states`` maps each index to ``queued`` (admitted: due, and its key has
+    room, taken in claim order) or ``held``; ``limit`` and ``rows`` go to
+    :func:`finish_enqueue`. With ``limit`` 0: every job ``queued``, no key row.
     """
-    if not jobs:
-        return
+    if limit == 0 or not jobs:
+        return {i: "queued" for i, _, _, _ in jobs}, 0, {}
     store = storage.for_connection(conn)
-    if limit == 0:
-        store.set_job_keys(conn, queue_id=queue_id, jobs=[(uid, key, False) for uid, key in jobs])
+    limit, rows = store.lock_keys(conn, queue_id, sorted({key for _, key, _, _ in jobs}), create=True)
+    room = {k: max(0, limit - r["admitted"]) for k, r in rows.items()}
+    states = {}
+    # Claim order among the batch's due jobs of one key: priority first, then enqueue order.
+    for i, key, _, due in sorted(jobs, key=lambda j: (-j[2], j[0])):
+        admitted = limit > 0 and due and room.get(key, 0) > 0
+        if admitted:
+            room[key] -= 1
+        states[i] = "queued" if admitted or limit == 0 else "held"
+    return states, limit, rows
+
+
+def finish_enqueue(conn, *, queue_id: int, queue: str, limit: int, rows: dict, admitted: Counter) -> None:
+    """After the insert planned by :func:`plan_enqueue`: count the jobs admitted (``admitted``: per key, the
+    ``queued`` ones actually inserted), admit held jobs if room is left, note when a delayed one is due."""
+    if limit == 0 or not rows:
         return
-    for chunk in _chunks(sorted({key for _, key in jobs})):
-        limit, rows = store.lock_keys(conn, queue_id, chunk, create=True)
-        mine = set(chunk)
-        store.set_job_keys(
-            conn, queue_id=queue_id, jobs=[(uid, key, limit > 0) for uid, key in jobs if key in mine]
-        )
-        if limit > 0:
-            _admit(conn, queue_id, queue, limit, rows, {k: r["admitted"] for k, r in rows.items()})
+    _admit(conn, queue_id, queue, limit, rows, {k: r["admitted"] + admitted.get(k, 0) for k, r in rows.items()})
 
 
 def admit_released(conn, *, queue_id: int, queue: str, jobs: Sequence[tuple[int, str, int]]) -> None:
     """Jobs this transaction just released from ``waiting`` (``(seq, concurrency_key, priority)`` each,
     queued now): admit them.
 
-    As :func:`admit_enqueued` does for new keyed jobs: under the key rows'
-    locks, with the queue's ``key_concurrency`` read there, the jobs are held,
-    then the key's due held jobs are admitted in claim order while it has room.
+    Under the key rows' locks, with the queue's ``key_concurrency`` read there,
+    the jobs are held, then the key's due held jobs are admitted in claim order
+    while it has room.
     A queue whose limit is 0 by then keeps them queued (its claim floor comes
     down to them). A waiting job took no slot, so none changes hands here.
     """
@@ -126,6 +138,10 @@ def wake(*, queue_id: int | None = None, limit: int = WAKE_BATCH) -> int:
     """
     conn = db.connection()
     store = storage.for_connection(conn)
+    if queue_id is None:
+        # Queue by queue, through the (queue, wake_at) index: only queues with a key limit keep keys.
+        limited = manager(Queue).filter(key_concurrency__gt=0).values_list("id", flat=True)
+        return sum(wake(queue_id=qid, limit=limit) for qid in limited)
     due = store.due_keys(conn, now=db.now_sql(conn), queue_id=queue_id, limit=limit)
     by_queue: dict[int, list[str]] = {}
     for qid, key in due:

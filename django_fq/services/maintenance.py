@@ -33,9 +33,9 @@ def reap(queue: str | None = None, *, limit: int = 10_000) -> ReapResult:
         expired, timed_out, dead = expired + e, timed_out + t, dead + d
         if e + t < step:
             break
-    # Held jobs of keys with room that became due (a delay, a retry backoff) are admitted now.
-    while slots.wake(queue_id=queue_id) == slots.WAKE_BATCH:
-        pass
+    # Held jobs of keys with room that became due (a delay, a retry backoff) are admitted now
+    # (up to WAKE_BATCH keys a queue per pass; the reaper passes again within a second).
+    slots.wake(queue_id=queue_id)
     if queue_id is None:
         fold_counters()
     return ReapResult(expired=expired, timed_out=timed_out, dead=dead)

@@ -257,7 +257,7 @@ def _activity(ids: list[int]) -> list[tuple[int, bool, int, bool]]:
 
 def _with_activity(qs):
     """``qs`` (of queues) annotated with ``busy``, ``seen`` (latest activity, epoch ms) and ``expired``."""
-    from django.db.models import BigIntegerField, Exists, F, OuterRef, Subquery, Value
+    from django.db.models import BigIntegerField, BooleanField, Case, Exists, F, OuterRef, Q, Subquery, Value, When
     from django.db.models.functions import Coalesce, Greatest
 
     from ..models import IdempotencyToken, Job
@@ -282,8 +282,6 @@ def _with_activity(qs):
         promised=Exists(live_tokens),
         seen=seen,
     )
-    from django.db.models import BooleanField, Case, Q, When
-
     ripe = Q(busy=False, promised=False, paused=False, ttl_ms__gt=0, seen__lte=db.DbNow() - F("ttl_ms"))
     return qs.annotate(expired=Case(When(ripe, then=Value(True)), default=Value(False), output_field=BooleanField()))
 

@@ -10,6 +10,7 @@ life of the process. Everything else asks the store, or reads its
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from django.db import connections
@@ -20,7 +21,10 @@ from .mysql import MysqlStore
 from .postgres import PostgresStore
 from .sqlite import SqliteStore
 
-__all__ = ["MysqlStore", "PostgresStore", "SqliteStore", "Store", "find", "for_connection", "get", "is_driver_error", "unavailable"]
+__all__ = [
+    "MysqlStore", "PostgresStore", "SqliteStore", "Store", "find", "for_connection", "get", "is_driver_error",
+    "migration_ddl", "unavailable",
+]  # fmt: skip
 
 #: The store class of each Django ``connection.vendor`` django-fq supports.
 BACKENDS: dict[str, type[Store]] = {
@@ -100,3 +104,27 @@ def unavailable(cause: BaseException) -> bool:
     databases is judged by its own backend's rules.
     """
     return any(cls.is_unavailable(cause) for cls in BACKENDS.values())
+
+
+def migration_ddl(method: str) -> tuple[Callable[[Any, Any], None], Callable[[Any, Any], None]]:
+    """``(forwards, backwards)`` for ``migrations.RunPython``: run the DDL store method ``method`` gives.
+
+    ``method`` names a :class:`Store` method ``(conn, *, reverse) -> list[str]``
+    (``schema_sql`` for migration 0003, ``keys_schema_sql`` for 0008,
+    ``dependency_schema_sql`` for 0011); a
+    database without a store (a site's other backend) gets nothing.
+    """
+
+    def run(apps: Any, schema_editor: Any, *, reverse: bool) -> None:
+        conn = schema_editor.connection
+        store = find(conn)
+        for sql in [] if store is None else getattr(store, method)(conn, reverse=reverse):
+            schema_editor.execute(sql, params=None)
+
+    def forwards(apps: Any, schema_editor: Any) -> None:
+        run(apps, schema_editor, reverse=False)
+
+    def backwards(apps: Any, schema_editor: Any) -> None:
+        run(apps, schema_editor, reverse=True)
+
+    return forwards, backwards

@@ -79,8 +79,12 @@ class RateGate:
 
 
 def full_row(row: Sequence[Any]) -> tuple:
-    """A row of :attr:`Store.JOB_ROW`; one of the older 10 columns (no ``metadata``, ``tags``) gets ``None`` for them."""
-    return tuple(row) if len(row) == 12 else (*row, None, None)
+    """A row of :attr:`Store.JOB_ROW`; a shorter one (no ``metadata``, ``tags``, ``concurrency_key``,
+    ``state``) gets ``None`` for the missing columns and ``queued`` for the state."""
+    if len(row) == 14:
+        return tuple(row)
+    full = (*row, *(None,) * (13 - len(row)))
+    return (*full, "queued")
 #: The assignments a claim's job ``UPDATE`` adds: a new attempt starts without progress
 #: (docs/how-to/progress.md). Folded into that statement, it costs the claim no round trip.
 CLEAR_PROGRESS_SQL = "progress = NULL, progress_message = '', progress_at = NULL"
@@ -482,9 +486,10 @@ class Store(DependencySql, abc.ABC):
     ) -> list[tuple]:
         """The one-statement claim (only where :attr:`supports_one_statement_claim`); one round trip, autocommit.
 
-        Looks queue ``queue_name`` up; unless it has a limit (a concurrency or a
-        rate limit: those claims take :meth:`take_jobs`), or expired leases and not ``after_reap``, and unless it is paused (no job
-        then, as from an empty queue), takes up to ``count`` (1–1000)
+        Looks queue ``queue_name`` up; unless it has a limit (a concurrency or
+        a rate limit: those claims take :meth:`take_jobs`), or expired leases
+        and not ``after_reap``, and unless it is paused (no job then, as from
+        an empty queue), takes up to ``count`` (1–1000)
         eligible jobs in claim order whose summed payload sizes stay within
         ``cap`` bytes, under leases of ``visibility_ms`` (``None``: the queue's
         default; capped by each job's timeout), writes the leases (receipt
@@ -818,24 +823,6 @@ class Store(DependencySql, abc.ABC):
                 [*params, *ids],
             )
 
-    def set_job_keys(self, conn: Any, *, queue_id: int, jobs: Sequence[tuple[str, str, bool]]) -> None:
-        """Give jobs just inserted by this transaction their key: ``(uid, concurrency_key, held)`` each.
-
-        ``held``: the job's state becomes ``held`` (it waits for a slot of its
-        key; :meth:`admit_held` may admit it next). One round trip.
-        """
-        if not jobs:
-            return
-        keys = " ".join(["WHEN %s THEN %s"] * len(jobs))
-        held = [uid for uid, _, h in jobs if h]
-        state = f"CASE WHEN uid IN ({', '.join(['%s'] * len(held))}) THEN 'held' ELSE state END" if held else "state"
-        with conn.cursor() as cur:
-            cur.execute(
-                f"UPDATE {JOB_TABLE} SET concurrency_key = CASE uid {keys} END, state = {state} "
-                f"WHERE queue_id = %s AND uid IN ({', '.join(['%s'] * len(jobs))})",
-                [*(v for uid, key, _ in jobs for v in (uid, key)), *held, queue_id, *(uid for uid, _, _ in jobs)],
-            )
-
     def hold_jobs(self, conn: Any, seqs: Sequence[int], *, now: str) -> None:
         """Make queued jobs ``seqs`` (locked by this transaction) ``held``. One round trip."""
         if seqs:
@@ -1150,13 +1137,14 @@ class Store(DependencySql, abc.ABC):
     #: Columns of one row for :meth:`insert_jobs`, in order.
     JOB_ROW = (
         "uid", "priority", "at", "delay_ms", "max_attempts", "timeout_ms", "payload", "size", "unique_key", "token",
-        "metadata", "tags",
+        "metadata", "tags", "concurrency_key", "state",
     )  # fmt: skip
 
     def insert_jobs(self, conn: Any, *, now: str, queue_id: int, rows: Sequence[tuple]) -> dict[str, int]:
         """Inside a write transaction: insert queued jobs in the order of ``rows`` (their FIFO order).
 
-        Each row is a tuple of :attr:`JOB_ROW`: ``run_at`` is ``at`` (epoch ms)
+        Each row is a tuple of :attr:`JOB_ROW` (``state``: ``queued``, or ``held`` for a job
+        waiting for its concurrency key's slot): ``run_at`` is ``at`` (epoch ms)
         when not ``None``, else now + ``delay_ms``; ``enqueued_at`` and
         ``changed_at`` are now, one instant for the statement. A row whose
         unique key an active job of the queue holds already is skipped.
@@ -1165,24 +1153,23 @@ class Store(DependencySql, abc.ABC):
         """
         values, params = [], []
         for row in rows:
-            uid, priority, at, delay_ms, max_attempts, timeout_ms, payload, size, unique_key, token, meta, tags = (
-                full_row(row)
-            )
+            (uid, priority, at, delay_ms, max_attempts, timeout_ms, payload, size, unique_key, token, meta, tags,
+             ckey, state) = full_row(row)  # fmt: skip
             run_at = "%s" if at is not None else "(SELECT t FROM c) + %s"
             values.append(
-                f"(%s, %s, 'queued', %s, {run_at}, (SELECT t FROM c), (SELECT t FROM c), 0, %s, 0, %s, %s, %s, "
-                f"'', '[]', %s, %s, '', %s, %s)"
+                f"(%s, %s, %s, %s, {run_at}, (SELECT t FROM c), (SELECT t FROM c), 0, %s, 0, %s, %s, %s, "
+                f"'', '[]', %s, %s, '', %s, %s, %s)"
             )
             params += [
-                uid, queue_id, priority, at if at is not None else delay_ms, max_attempts, timeout_ms, payload, size,
-                unique_key, token, meta, tags,
+                uid, queue_id, state, priority, at if at is not None else delay_ms, max_attempts, timeout_ms, payload,
+                size, unique_key, token, meta, tags, ckey,
             ]  # fmt: skip
         with conn.cursor() as cur:
             cur.execute(
                 f"WITH c AS (SELECT {now} AS t) INSERT INTO {JOB_TABLE} (uid, queue_id, state, priority, run_at, "
                 f"enqueued_at, changed_at, attempts, max_attempts, generation, timeout_ms, payload, payload_size, "
-                f"last_error, errors, unique_key, idempotency, worker, metadata, tags) VALUES {', '.join(values)} "
-                f"ON CONFLICT DO NOTHING RETURNING uid, enqueued_at",
+                f"last_error, errors, unique_key, idempotency, worker, metadata, tags, concurrency_key) "
+                f"VALUES {', '.join(values)} ON CONFLICT DO NOTHING RETURNING uid, enqueued_at",
                 params,
             )
             return {r[0]: int(r[1]) for r in cur.fetchall()}

@@ -1059,18 +1059,19 @@ class MysqlStore(Store):
     def _insert_job_rows(self, conn: Any, t: int, queue_id: int, rows: Sequence[tuple]) -> None:
         params: list = []
         for row in rows:
-            uid, priority, at, delay_ms, max_attempts, timeout_ms, payload, size, unique_key, token, meta, tags = full_row(row)
+            (uid, priority, at, delay_ms, max_attempts, timeout_ms, payload, size, unique_key, token, meta, tags,
+             ckey, state) = full_row(row)  # fmt: skip
             run_at = at if at is not None else t + delay_ms
             params += [
-                uid, queue_id, priority, run_at, t, t, max_attempts, timeout_ms, payload, size, unique_key, token,
-                meta, tags,
+                uid, queue_id, state, priority, run_at, t, t, max_attempts, timeout_ms, payload, size, unique_key,
+                token, meta, tags, ckey,
             ]  # fmt: skip
-        one = "(%s, %s, 'queued', %s, %s, %s, %s, 0, %s, 0, %s, %s, %s, '', '[]', %s, %s, '', %s, %s)"
+        one = "(%s, %s, %s, %s, %s, %s, %s, 0, %s, 0, %s, %s, %s, '', '[]', %s, %s, '', %s, %s, %s)"
         with conn.cursor() as cur:
             cur.execute(
                 f"INSERT INTO {JOB_TABLE} (uid, queue_id, state, priority, run_at, enqueued_at, changed_at, "
                 "attempts, max_attempts, generation, timeout_ms, payload, payload_size, last_error, errors, "
-                f"unique_key, idempotency, worker, metadata, tags) VALUES {', '.join([one] * len(rows))}",
+                f"unique_key, idempotency, worker, metadata, tags, concurrency_key) VALUES {', '.join([one] * len(rows))}",
                 params,
             )
 

@@ -61,6 +61,13 @@ _ACKED_JSON = ACKED_JSON
 # the floor's lease rule relies on it (docs/explanation/storage.md#the-claim-floor).
 # ``expired`` also says that a held job of a key with room has become due (a queue with
 # key_concurrency only; the CASE reads nothing otherwise): the slower path admits it first.
+# A queue with key_concurrency reads its jobs in one band (``keyed``, through ``gk``), not the
+# floor's three (``gp``): its held jobs sit at old sequence numbers, admitting one lowers the
+# floor to it, and from a low floor the planner read the ``at_floor`` band in primary-key order,
+# walking every held row (100,000 of them: 80 ms a claim); ``ORDER BY priority DESC, seq`` with
+# no bound on priority can only come from the claim index, which holds no held job. Its claims do
+# without the floor's skip over a long snapshot's dead entries. The branch a queue does not
+# take is gated by its ``IS NOT NULL`` (a one-time filter: the scan below it never starts).
 _CLAIM_PG = """
 WITH q0 AS (
     SELECT id, concurrency > 0 OR rate_limit > 0 AS limited, visibility_ms, paused, key_concurrency
@@ -80,23 +87,28 @@ go AS (
     WHERE NOT limited AND (NOT expired OR %(after_reap)s::boolean)),
 c AS (SELECT {now} AS t{relax}),
 h AS (SELECT string_to_array(%(hashes)s, ',') AS a),
-gp AS (SELECT id FROM go WHERE NOT (SELECT paused FROM q)),
+gp AS (SELECT id FROM go WHERE NOT (SELECT paused FROM q) AND (SELECT key_concurrency FROM q0) = 0),
+gk AS (SELECT id FROM go WHERE NOT (SELECT paused FROM q) AND (SELECT key_concurrency FROM q0) > 0),
 picked AS (
     SELECT seq, priority, payload_size FROM (
         SELECT * FROM (SELECT seq, priority, payload_size FROM {job}
-            WHERE queue_id = (SELECT id FROM gp) AND state = 'queued' AND run_at <= (SELECT t FROM c)
+            WHERE (SELECT id FROM gp) IS NOT NULL AND queue_id = (SELECT id FROM gp) AND state = 'queued' AND run_at <= (SELECT t FROM c)
                 AND priority > (SELECT p FROM fl)
             ORDER BY priority DESC, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED) AS above
         UNION ALL
         SELECT * FROM (SELECT seq, priority, payload_size FROM {job}
-            WHERE queue_id = (SELECT id FROM gp) AND state = 'queued' AND run_at <= (SELECT t FROM c)
+            WHERE (SELECT id FROM gp) IS NOT NULL AND queue_id = (SELECT id FROM gp) AND state = 'queued' AND run_at <= (SELECT t FROM c)
                 AND priority = (SELECT p FROM fl) AND seq >= (SELECT s FROM fl)
             ORDER BY seq LIMIT %(n)s FOR UPDATE SKIP LOCKED) AS at_floor
         UNION ALL
         SELECT * FROM (SELECT seq, priority, payload_size FROM {job}
-            WHERE queue_id = (SELECT id FROM gp) AND state = 'queued' AND run_at <= (SELECT t FROM c)
+            WHERE (SELECT id FROM gp) IS NOT NULL AND queue_id = (SELECT id FROM gp) AND state = 'queued' AND run_at <= (SELECT t FROM c)
                 AND priority < (SELECT p FROM fl)
             ORDER BY priority DESC, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED) AS below
+        UNION ALL
+        SELECT * FROM (SELECT seq, priority, payload_size FROM {job}
+            WHERE (SELECT id FROM gk) IS NOT NULL AND queue_id = (SELECT id FROM gk) AND state = 'queued' AND run_at <= (SELECT t FROM c)
+            ORDER BY priority DESC, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED) AS keyed
     ) AS bands LIMIT %(n)s),
 ranked AS (
     SELECT seq, ROW_NUMBER() OVER w AS rn, SUM(payload_size) OVER w AS cum
@@ -881,21 +893,22 @@ class PostgresStore(Store):
             {
                 "o": i, "uid": uid, "priority": priority, "at": at, "delay_ms": delay_ms, "max_attempts": max_attempts,
                 "timeout_ms": timeout_ms, "payload": payload, "size": size, "unique_key": unique_key, "token": token,
-                "metadata": meta, "tags": tags,
+                "metadata": meta, "tags": tags, "ckey": ckey, "state": state,
             }
-            for i, (uid, priority, at, delay_ms, max_attempts, timeout_ms, payload, size, unique_key, token, meta, tags)
+            for i, (uid, priority, at, delay_ms, max_attempts, timeout_ms, payload, size, unique_key, token, meta, tags,
+                    ckey, state)
             in enumerate(full_row(row) for row in rows)
         ]  # fmt: skip
         with conn.cursor() as cur:
             cur.execute(
                 f"WITH c AS (SELECT {now} AS t) INSERT INTO {JOB_TABLE} (uid, queue_id, state, priority, run_at, "
                 f"enqueued_at, changed_at, attempts, max_attempts, generation, timeout_ms, payload, payload_size, "
-                f"last_error, errors, unique_key, idempotency, worker, metadata, tags) "
-                f"SELECT r.uid, %s, 'queued', r.priority, COALESCE(r.at, c.t + r.delay_ms), c.t, c.t, 0, r.max_attempts, "
-                f"0, r.timeout_ms, r.payload, r.size, '', '[]', r.unique_key, r.token, '', r.metadata, r.tags "
+                f"last_error, errors, unique_key, idempotency, worker, metadata, tags, concurrency_key) "
+                f"SELECT r.uid, %s, r.state, r.priority, COALESCE(r.at, c.t + r.delay_ms), c.t, c.t, 0, r.max_attempts, "
+                f"0, r.timeout_ms, r.payload, r.size, '', '[]', r.unique_key, r.token, '', r.metadata, r.tags, r.ckey "
                 f"FROM json_to_recordset(%s::json) AS r(o integer, uid text, priority integer, at bigint, delay_ms bigint, "
                 f"max_attempts integer, timeout_ms bigint, payload text, size integer, unique_key text, token text, "
-                f"metadata text, tags text) CROSS JOIN c ORDER BY r.o "
+                f"metadata text, tags text, ckey text, state text) CROSS JOIN c ORDER BY r.o "
                 f"ON CONFLICT DO NOTHING RETURNING uid, enqueued_at",
                 [queue_id, json.dumps(data, ensure_ascii=False)],
             )

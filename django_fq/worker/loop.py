@@ -296,11 +296,12 @@ class ClaimLoop:
             self._policies.pop(queue, None)
             return 0
         end = time.monotonic()
-        if jobs.rate_wait_ms:
+        rate_wait_ms = getattr(jobs, "rate_wait_ms", 0)  # a wrapped services.claim may answer a plain list
+        if rate_wait_ms:
             # Counted from the claim's start, before its reading of the database clock (which decided
             # the wait): a claim that comes a little early costs one round trip, one that comes late
             # leaves the slot idle, and that slack would add up over every window.
-            self._rate_until[queue] = start + jobs.rate_wait_ms / 1000
+            self._rate_until[queue] = start + rate_wait_ms / 1000
         if not jobs:
             return 0
         emit(logging.INFO, "worker.claim", worker=self.worker.worker_id, queue=queue, asked=count, got=len(jobs))

@@ -11,7 +11,19 @@ from django_fq import services as fq
 from django_fq.exceptions import ReceiptCancelled
 from django_fq.models import Job
 
-from .helpers import changelist, claim_one, client_for, job_url, listed_ids, make, messages_of, queue_pk, seq, text
+from .helpers import (
+    changelist,
+    claim_one,
+    client_for,
+    job_url,
+    listed_ids,
+    make,
+    messages_of,
+    queue_pk,
+    seq,
+    squash,
+    text,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -111,6 +123,14 @@ def test_detail_of_a_running_job_shows_lease_deadline_and_worker(root_client, qu
     assert display.instant(claimed.deadline) in html and f"({claimed.deadline} ms)" in html
     assert "host-a:123" in html
     assert 'fq-state-running">running<' in html
+
+
+def test_detail_shows_the_snooze_count(root_client, queue):
+    job_id = fq.enqueue(queue, {"n": 1}).id
+    for _ in range(2):
+        fq.release(queue, claim_one(queue).receipt, delay_ms=0)
+    html = squash(text(root_client.get(job_url(job_id))))
+    assert '<label>Snoozes:</label> <div class="readonly">2</div>' in html
 
 
 def test_detail_is_read_only_and_jobs_are_never_added_or_deleted(root_client, queue):

@@ -124,10 +124,24 @@ def test_change_form_shows_counts_totals_and_policy(root_client, queue):
 
 def test_policy_edit_goes_through_configure(root_client, queue):
     url = CHANGE.format(queue_pk(queue))
-    response = root_client.post(url, _policy_post(queue, concurrency=7, backoff_ms=250, timeout_ms=9_000))
+    response = root_client.post(
+        url, _policy_post(queue, concurrency=7, backoff_ms=250, timeout_ms=9_000, rate_limit=10, rate_window_ms=500)
+    )
     assert response.status_code == 302, response.context and response.context["adminform"].form.errors
     policy = fq.policy(queue)
     assert (policy.concurrency, policy.backoff_ms, policy.timeout_ms, policy.max_attempts) == (7, 250, 9_000, 3)
+    assert (policy.rate_limit, policy.rate_window_ms) == (10, 500)
+
+
+def test_the_policy_form_sets_key_concurrency_and_refuses_it_out_of_bounds(root_client, queue):
+    url = CHANGE.format(queue_pk(queue))
+    response = root_client.post(url, _policy_post(queue, key_concurrency=2))
+    assert response.status_code == 302, response.context and response.context["adminform"].form.errors
+    assert fq.policy(queue).key_concurrency == 2
+    response = root_client.post(url, _policy_post(queue, key_concurrency=100_001))
+    assert response.status_code == 200
+    assert "key_concurrency" in response.context["adminform"].form.errors
+    assert fq.policy(queue).key_concurrency == 2
 
 
 @pytest.mark.parametrize(
@@ -136,6 +150,8 @@ def test_policy_edit_goes_through_configure(root_client, queue):
         ({"max_attempts": 0}, "max_attempts", "max_attempts must be between 1 and 1000"),
         ({"concurrency": 100_001}, "concurrency", "concurrency must be between 0 and 100000"),
         ({"visibility_ms": 0}, "visibility_ms", "visibility_ms must be between 1 and 86400000"),
+        ({"rate_limit": 1_000_001}, "rate_limit", "rate_limit must be between 0 and 1000000"),
+        ({"rate_window_ms": 0}, "rate_window_ms", "rate_window_ms must be between 1 and 86400000"),
         ({"backoff_ms": 5_000, "max_backoff_ms": 4_000}, "max_backoff_ms", "max_backoff_ms must be at least backoff_ms"),
     ],
 )

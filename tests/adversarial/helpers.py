@@ -6,10 +6,11 @@ Lock waits are looked up in the server's own views (PostgreSQL ``pg_stat_activit
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
-from django.db import connections
+from django.db import connection, connections, transaction
 
 
 class Background:
@@ -99,3 +100,48 @@ def wait_for_lock_waiter(n: int = 1, timeout: float = 10.0, thread: Background |
 
 
 __all__ = ["Background", "lock_waiters", "run_elsewhere", "wait_for_lock_waiter"]
+
+
+class repeatable_read:
+    """A transaction of the caller's at REPEATABLE READ whose snapshot is taken on entry (a read of ``table``)."""
+
+    def __init__(self, table: str = "django_fq_queue"):
+        self.table = table
+
+    def __enter__(self):
+        if connection.vendor == "mysql":
+            with connection.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        self.atomic = transaction.atomic()
+        self.atomic.__enter__()
+        with connection.cursor() as cur:
+            if connection.vendor == "postgresql":
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cur.execute(f"SELECT COUNT(*) FROM {self.table}")  # the snapshot is taken here
+            cur.fetchone()
+        return self
+
+    def __exit__(self, *exc):
+        return self.atomic.__exit__(*exc)
+
+
+#: The claim's first read of the queue's limits (services.leases._claim_once), before any lock.
+LIMITS_READ = "SELECT concurrency, rate_limit, rate_window_ms, key_concurrency FROM"
+
+
+@contextlib.contextmanager
+def after_the_limits_read(fn):
+    """Within the block, run ``fn`` elsewhere (and wait for it) right after this connection first reads a queue's limits.
+
+    Yields the list that then holds ``fn``'s :class:`Background` (empty if the read never came).
+    """
+    done: list[Background] = []
+
+    def hook(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if not done and sql.startswith(LIMITS_READ):
+            done.append(run_elsewhere(fn))
+        return result
+
+    with connection.execute_wrapper(hook):
+        yield done

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from django.db import connection
 
 from django_fq import services as fq
 from django_fq.models import Lease
 
-from .helpers import run_elsewhere
+from .helpers import after_the_limits_read
 
 pytestmark = [pytest.mark.row_locks, pytest.mark.django_db(transaction=True)]
 
@@ -24,15 +23,7 @@ def test_claim_uses_the_limit_in_force_when_it_locks_the_queue():
     fq.configure(q, concurrency=2)
     fq.enqueue_many(q, [{"payload": n} for n in range(3)])
     assert len(fq.claim(q, visibility_ms=60_000)) == 1
-    changed = []
-
-    def lower_the_limit_after_the_read(execute, sql, params, many, context):
-        result = execute(sql, params, many, context)
-        if not changed and sql.startswith("SELECT concurrency FROM"):
-            changed.append(run_elsewhere(lambda: fq.configure(q, concurrency=1)))
-        return result
-
-    with connection.execute_wrapper(lower_the_limit_after_the_read):
+    with after_the_limits_read(lambda: fq.configure(q, concurrency=1)) as changed:
         second = fq.claim(q, visibility_ms=60_000)
     assert changed and changed[0].error is None
     assert fq.policy(q).concurrency == 1

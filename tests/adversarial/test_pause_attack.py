@@ -10,10 +10,12 @@ import threading
 import time
 
 import pytest
-from django.db import DatabaseError, connection, connections, transaction
+from django.db import DatabaseError, connection, connections
 
 from django_fq import services as fq
 from tests.threads import elsewhere
+
+from .helpers import repeatable_read
 
 Q = "atk-pause"
 
@@ -33,17 +35,17 @@ def test_a_claim_in_a_snapshot_older_than_the_pause_takes_no_job():
     if connection.vendor == "postgresql":
         # The snapshot cannot see the pause: the claim fails as a serialization failure (the
         # caller retries its transaction, and then sees the pause); no job is taken.
-        with pytest.raises(DatabaseError) as info, _repeatable_read():
+        with pytest.raises(DatabaseError) as info, repeatable_read():
             assert elsewhere(lambda: fq.pause(Q)).changed
             taken = fq.claim(Q, count=5)
         assert getattr(info.value.__cause__, "sqlstate", None) == "40001", info.value
     else:
-        with _repeatable_read():
+        with repeatable_read():
             assert elsewhere(lambda: fq.pause(Q)).changed
             taken = fq.claim(Q, count=5)
     assert taken == [], f"a claim that started after pause() returned took {[j.id for j in taken]}"
     assert fq.get(Q, job_id).state == "ready"
-    with _repeatable_read():  # the caller's retry: a fresh snapshot sees the pause
+    with repeatable_read():  # the caller's retry: a fresh snapshot sees the pause
         assert fq.claim(Q, count=5) == []
 
 
@@ -57,7 +59,7 @@ def test_a_claim_in_a_repeatable_read_transaction_still_claims_and_a_pause_waits
 
     fq.configure(Q)
     job_id = fq.enqueue(Q, {"n": 1}).id
-    with _repeatable_read():
+    with repeatable_read():
         assert [j.id for j in fq.claim(Q, count=5)] == [job_id]
         pausing = Background(lambda: fq.pause(Q)).start()
         if connection.vendor == "postgresql":
@@ -66,26 +68,6 @@ def test_a_claim_in_a_repeatable_read_transaction_still_claims_and_a_pause_waits
     pausing.join()
     assert pausing.error is None and pausing.value.changed
     assert fq.get(Q, job_id).state == "running"
-
-
-class _repeatable_read:
-    """A transaction of the caller's at REPEATABLE READ whose snapshot is taken on entry."""
-
-    def __enter__(self):
-        if connection.vendor == "mysql":
-            with connection.cursor() as cur:
-                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        self.atomic = transaction.atomic()
-        self.atomic.__enter__()
-        with connection.cursor() as cur:
-            if connection.vendor == "postgresql":
-                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            cur.execute("SELECT COUNT(*) FROM django_fq_queue")  # the snapshot is taken here
-            cur.fetchone()
-        return self
-
-    def __exit__(self, *exc):
-        return self.atomic.__exit__(*exc)
 
 
 # --- claims racing a pause: none that starts after pause() returned takes a job ---------------

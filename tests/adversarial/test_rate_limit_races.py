@@ -6,23 +6,16 @@ from __future__ import annotations
 import threading
 
 import pytest
-from django.db import DatabaseError, connection, connections, transaction
+from django.db import DatabaseError, connection, connections
 
 from django_fq import services as fq
 from django_fq.models import Job, Queue
+from tests.services.helpers import most_in_a_window
 from tests.threads import elsewhere
 
+from .helpers import after_the_limits_read, repeatable_read
+
 Q = "atk-rate"
-
-
-def _most_in_a_window(instants: list[int], window_ms: int) -> int:
-    instants = sorted(instants)
-    most, lo = 0, 0
-    for hi, t in enumerate(instants):
-        while instants[lo] <= t - window_ms:
-            lo += 1
-        most = max(most, hi - lo + 1)
-    return most
 
 
 def _claimed_instants() -> list[int]:
@@ -63,7 +56,7 @@ def test_racing_claimers_never_pass_the_limit_in_any_window():
     assert not errors, errors
     instants = _claimed_instants()
     assert len(instants) > 20
-    assert _most_in_a_window(instants, 150) <= 7
+    assert most_in_a_window(instants, 150) <= 7
 
 
 @pytest.mark.django_db(transaction=True)
@@ -77,33 +70,28 @@ def test_a_claim_in_a_snapshot_older_than_the_last_claim_does_not_count_from_it(
     fq.configure(Q, rate_limit=2)
     taken: list = []
     if connection.vendor == "postgresql":
-        with pytest.raises(DatabaseError) as info, _repeatable_read():
+        with pytest.raises(DatabaseError) as info, repeatable_read("django_fq_rate_log"):
             assert len(elsewhere(lambda: fq.claim(Q))) == 1  # fills the window of 2
             taken = fq.claim(Q, count=5)
         assert getattr(info.value.__cause__, "sqlstate", None) == "40001", info.value
     else:
-        with _repeatable_read():
+        with repeatable_read("django_fq_rate_log"):
             assert len(elsewhere(lambda: fq.claim(Q))) == 1
             taken = fq.claim(Q, count=5)
     assert taken == []
     assert len(_claimed_instants()) == 2
 
 
-class _repeatable_read:
-    """A transaction of the caller's at REPEATABLE READ whose snapshot is taken on entry."""
-
-    def __enter__(self):
-        if connection.vendor == "mysql":
-            with connection.cursor() as cur:
-                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        self.atomic = transaction.atomic()
-        self.atomic.__enter__()
-        with connection.cursor() as cur:
-            if connection.vendor == "postgresql":
-                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            cur.execute("SELECT COUNT(*) FROM django_fq_rate_log")  # the snapshot is taken here
-            cur.fetchone()
-        return self
-
-    def __exit__(self, *exc):
-        return self.atomic.__exit__(*exc)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.row_locks
+def test_a_claim_uses_the_rate_limit_in_force_when_it_locks_the_queue():
+    """The claim reads the policy (limit 3), configure(rate_limit=1) commits, then the claim locks the queue:
+    it must judge the window by 1 (re-read under the lock), not by the 3 it read first."""
+    fq.configure(Q, rate_limit=3, rate_window_ms=600_000)
+    fq.enqueue_many(Q, [{"payload": i} for i in range(5)])
+    assert len(fq.claim(Q)) == 1
+    with after_the_limits_read(lambda: fq.configure(Q, rate_limit=1)) as changed:
+        second = fq.claim(Q, count=5)
+    assert changed and changed[0].error is None
+    assert second == [] and second.rate_wait_ms > 0
+    assert len(_claimed_instants()) == 1

@@ -62,3 +62,15 @@ def test_the_snooze_count_is_in_the_job_and_the_limit_is_a_409(api):
     r = api.post(url("release", Q), {"receipt": lease["receipt"], "delay_ms": 0}, content_type="application/json")
     assert (r.status_code, r.json()["code"], r.json()["field"]) == (409, "snooze_limit", "delay_ms")
     assert api.get(url("job", Q, job)).json()["state"] == "running"
+
+
+def test_a_long_poll_waits_for_the_rate_limits_next_slot(api):
+    services.configure(Q, rate_limit=1, rate_window_ms=300)
+    for i in range(2):
+        services.enqueue(Q, {"i": i})
+    first = api.post(url("claim", Q), {}, content_type="application/json").json()
+    r = api.post(url("claim", Q), {"wait_ms": 5000}, content_type="application/json")
+    assert r.status_code == 200 and len(r.json()) == 1
+    a = services.get(Q, first[0]["id"]).claimed_at
+    b = services.get(Q, r.json()[0]["id"]).claimed_at
+    assert b - a >= 300

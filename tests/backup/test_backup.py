@@ -151,6 +151,24 @@ def test_restored_jobs_keep_their_claim_order():
     assert got == [u for i, u in enumerate(made) if i % 2] + [u for i, u in enumerate(made) if not i % 2]
 
 
+def test_concurrency_keys_and_the_key_limit_round_trip():
+    """Keys travel with their jobs; held and running keyed jobs come back waiting, admitted again up to the limit."""
+    q = "bk:keys"
+    fq.configure(q, key_concurrency=1)
+    made = [fq.enqueue(q, {"i": i}, concurrency_key="k" if i < 3 else "j").id for i in range(4)]
+    running = fq.claim(q, count=10)
+    assert [c.id for c in running] == [made[0], made[3]]
+    text = export_text([q])
+    assert job_line(text, made[1])[1]["concurrency_key"] == "k"
+    wipe()
+    restore(text)
+    assert fq.policy(q).key_concurrency == 1
+    assert fq.get(q, made[2]).concurrency_key == "k"
+    # The running jobs came back ready, first in their keys' order: one of each key is claimable.
+    assert [c.id for c in fq.claim(q, count=10)] == [made[0], made[3]]
+    assert fq.claim(q, count=10) == []
+
+
 def test_many_batches_round_trip_in_order():
     """More rows than one insert statement (200) and one existence check (500) take; order and tokens intact."""
     n = 1234

@@ -54,6 +54,11 @@ class Policy:
     visibility_ms: int = 30_000
     idempotency_retention_ms: int = 300_000
     timeout_ms: int = 0
+    # Flow-control fields the machine leaves at their defaults (their own tests exercise them).
+    ttl_ms: int = 0
+    key_concurrency: int = 0
+    rate_limit: int = 0
+    rate_window_ms: int = 1000
 
 
 @dataclass
@@ -472,4 +477,4 @@ class Model:
             for token in [t for t, (_, exp) in q.tokens.items() if exp <= self.now]:
                 del q.tokens[token]
                 tokens += 1
-        return (len(gone), tokens)
+        return (len(gone), tokens, 0)  # no queue has a ttl_ms here: none is deleted

@@ -85,3 +85,12 @@ def check_key_counts(queue: str) -> None:
     )
     rows = dict(ConcurrencyKey.objects.filter(queue_id=qid).values_list("key", "admitted"))
     assert {k: v for k, v in rows.items() if v} == dict(active)
+def most_in_a_window(instants: list[int], window_ms: int) -> int:
+    """The most of ``instants`` (epoch ms) in any half-open window [s, s + window_ms); the busiest starts at one."""
+    instants = sorted(instants)
+    most, lo = 0, 0
+    for hi, t in enumerate(instants):
+        while instants[lo] <= t - window_ms:
+            lo += 1
+        most = max(most, hi - lo + 1)
+    return most

@@ -16,6 +16,7 @@ import pytest
 from django_fq import services as fq
 from django_fq.exceptions import InvalidArgument, InvalidPolicy, InvalidReceipt
 from django_fq.models import ConcurrencyKey, Job
+from tests.threads import in_threads
 
 from .helpers import check_key_counts, claim_one, key_admitted, running_by_key
 
@@ -147,7 +148,7 @@ def test_nack_with_a_delay_holds_the_job_and_admits_the_next(q, two, frozen):
 
 
 def test_nack_without_delay_keeps_the_slot_for_the_same_job(q, two):
-    running, _second = two
+    running, _ = two
     fq.nack(q, running.receipt, delay_ms=0)
     assert claim_one(q).id == running.id
     assert fq.claim(q) == []
@@ -171,7 +172,7 @@ def test_release_keeps_the_place_and_snooze_gives_the_slot_back(q, two, frozen):
 
 
 def test_expiry_gives_the_slot_back(q, two, frozen):
-    _running, second = two
+    _, second = two
     frozen.advance(1000)  # at the deadline: expired (§5)
     got = fq.claim(q, count=5)
     # The expired job waits out its backoff held; its key's slot went to the next job.
@@ -383,35 +384,23 @@ def test_threads_claiming_and_acking_never_run_two_jobs_of_one_key():
     done: list = []
     lock = threading.Lock()
 
-    def worker():
-        from django.db import connections
-
-        try:
-            start.wait()
+    def worker(_):
+        start.wait()
+        idle = 0
+        while idle < 50:
+            got = fq.claim(queue, count=3)
+            if not got:
+                idle += 1
+                continue
             idle = 0
-            while idle < 50:
-                got = fq.claim(queue, count=3)
-                if not got:
-                    idle += 1
-                    continue
-                idle = 0
-                # The database's own view: no key has two running jobs at any instant.
-                over = [k for k, n in running_by_key(queue).items() if n > 1]
-                errors.extend(over)
-                for j in got:
-                    fq.ack(queue, j.receipt)
-                with lock:
-                    done.extend(j.payload for j in got)
-        except BaseException as exc:  # reported in the test's thread
-            errors.append(exc)
-        finally:
-            connections.close_all()
+            # The database's own view: no key has two running jobs at any instant.
+            errors.extend(k for k, n in running_by_key(queue).items() if n > 1)
+            for j in got:
+                fq.ack(queue, j.receipt)
+            with lock:
+                done.extend(j.payload for j in got)
 
-    threads = [threading.Thread(target=worker) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    in_threads(6, worker, timeout_s=120)
     assert errors == []
     assert sorted(done) == list(range(60))
     check_key_counts(queue)

@@ -12,7 +12,7 @@ import threading
 import uuid
 
 import pytest
-from django.db import IntegrityError, connection, connections, transaction
+from django.db import IntegrityError, connection, transaction
 
 from django_fq import db, storage
 from django_fq import services as fq
@@ -20,6 +20,7 @@ from django_fq.conf import CLAIM_PAYLOAD_CAP_BYTES
 from django_fq.exceptions import InvalidReceipt
 from django_fq.models import Job, Lease, Queue, QueueCounter
 from django_fq.storage import base
+from tests.threads import in_threads
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -106,27 +107,7 @@ def _leased(queue_id: int, n: int = 1, *, deadline: int) -> list[dict]:
 
 
 def _in_threads(n: int, target) -> list:
-    """Run ``target(i)`` in ``n`` real threads, each with its own connection; return results (errors raised)."""
-    results: list = [None] * n
-    errors: list = []
-
-    def run(i):
-        try:
-            results[i] = target(i)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(TIMEOUT)
-    assert not any(t.is_alive() for t in threads), "a thread did not finish"
-    if errors:
-        raise errors[0]
-    return results
+    return in_threads(n, target, timeout_s=TIMEOUT)
 
 
 # --- the interface ----------------------------------------------------------------------------

@@ -216,6 +216,17 @@ def test_options_of_the_task_class_reach_the_job(backend):
     assert other.id != first.id and fq.get(Q, other.id).unique_key == "uk-8"
 
 
+def test_a_concurrency_key_template_reaches_the_job_and_is_validated(backend):
+    fq.configure(Q, key_concurrency=1)
+    first = sample.add.using(concurrency_key="customer-{0}").enqueue(42, 1)
+    second = sample.add.using(concurrency_key="customer-{0}").enqueue(42, 2)
+    assert fq.get(Q, first.id).concurrency_key == "customer-42"
+    assert [j.id for j in fq.claim(Q, count=5)] == [first.id]  # one of the key at a time
+    assert fq.get(Q, second.id).state == "ready"
+    with pytest.raises(InvalidTask, match="concurrency_key"):
+        sample.add.using(concurrency_key="k" * 201).enqueue(1, 2)
+
+
 def test_options_keyed_by_task_path_in_backend_options_reach_the_job(backend):
     configured = fq.get(Q, sample.configured.enqueue(5).id)
     plain = fq.get(Q, sample.add.enqueue(1, 1).id)

@@ -146,7 +146,7 @@ def test_in_a_real_process_check_fails_and_fq_worker_says_one_line():
         assert "Traceback" not in worker.stderr
         if extra:
             assert worker.stderr.strip().splitlines() == [
-                "CommandError: TASKS['default']: unknown OPTIONS key 'bogus' (known: enqueue_on_commit, idempotency, "
+                "CommandError: TASKS['default']: unknown OPTIONS key 'bogus' (known: concurrency_key, enqueue_on_commit, idempotency, "
                 "idempotency_retention_ms, max_attempts, queue_prefix, tasks, timeout_ms, unique_key)"
             ]
         else:

@@ -9,6 +9,7 @@ stay in ``default``.
 from __future__ import annotations
 
 import io
+from dataclasses import asdict
 
 import pytest
 from django.contrib.auth.models import User
@@ -21,8 +22,12 @@ from django_fq import backup, db
 from django_fq import services as fq
 from django_fq.checks import check_settings
 from django_fq.models import IdempotencyToken, Job, Lease, Queue, QueueCounter
+from django_fq.types import QueuePolicy
 from tests.testapp.models import Done
 from tests.worker.helpers import WorkerProc
+
+#: Every policy field of the admin's queue form at its default, as a browser posts the form.
+POLICY_FORM = asdict(QueuePolicy())
 
 pytestmark = pytest.mark.django_db(databases=["default", "queue"])
 
@@ -128,14 +133,10 @@ def test_admin_lists_shows_adds_and_repairs_through_the_queue_database():
     assert r.status_code == 200 and b"two:adm" in r.content
 
     # A new queue through the policy form: its unique-name check and the save both reach "queue".
-    r = client.post("/admin/django_fq/queue/add/", {"name": "two:adm2", "max_attempts": 3, "concurrency": 0,
-                    "backoff_ms": 1000, "max_backoff_ms": 3600000, "visibility_ms": 30000,
-                    "idempotency_retention_ms": 300000, "timeout_ms": 0})  # fmt: skip
+    r = client.post("/admin/django_fq/queue/add/", {**POLICY_FORM, "name": "two:adm2", "max_attempts": 3})
     assert r.status_code == 302, r.content.decode()[:2000]
     assert fq.policy("two:adm2").max_attempts == 3
-    r = client.post("/admin/django_fq/queue/add/", {"name": "two:adm2", "max_attempts": 3, "concurrency": 0,
-                    "backoff_ms": 1000, "max_backoff_ms": 3600000, "visibility_ms": 30000,
-                    "idempotency_retention_ms": 300000, "timeout_ms": 0})  # fmt: skip
+    r = client.post("/admin/django_fq/queue/add/", {**POLICY_FORM, "name": "two:adm2", "max_attempts": 3})
     assert r.status_code == 200 and b"already exists" in r.content
 
     r = client.post(f"/admin/django_fq/job/{seq}/cancel/")
