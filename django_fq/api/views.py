@@ -345,8 +345,19 @@ def _settled(result) -> dict:
     return {"id": result.id, "state": result.state, "run_at": result.run_at, "replay": bool(result.replay)}
 
 
-def _job(info) -> dict:
-    return asdict(info)
+def _job(info, request, view) -> dict:
+    """The whole job, its ``depends_on`` and ``dependents`` cut to the jobs of queues the user may manage.
+
+    A permission class may limit a user to some queues (docs/rest-api.md):
+    an edge to another queue's job would show that job's id, queue and state.
+    """
+    out = asdict(info)
+    for key in ("depends_on", "dependents"):
+        edges = out.get(key) or []
+        if edges:
+            allowed = _managed(request, view, {e["queue"] for e in edges})
+            out[key] = [e for e in edges if e["queue"] in allowed]
+    return out
 
 
 def _outcome(info) -> dict:
@@ -686,7 +697,7 @@ class JobDetailView(FqAPIView):
         tags=["jobs"],
     )
     def get(self, request, queue, job_id):
-        return Response(_job(services.get(queue, _job_id(queue, job_id))))
+        return Response(_job(services.get(queue, _job_id(queue, job_id)), request, self))
 
 
 class JobRetryView(FqAPIView):
@@ -704,7 +715,7 @@ class JobRetryView(FqAPIView):
     )
     def post(self, request, queue, job_id):
         _body(request, set())  # no fields: an unknown one is refused, not ignored
-        return Response(_job(services.retry(queue, _job_id(queue, job_id))))
+        return Response(_job(services.retry(queue, _job_id(queue, job_id)), request, self))
 
 
 class JobCancelView(FqAPIView):
@@ -722,7 +733,7 @@ class JobCancelView(FqAPIView):
     )
     def post(self, request, queue, job_id):
         _body(request, set())  # no fields: an unknown one is refused, not ignored
-        return Response(_job(services.cancel(queue, _job_id(queue, job_id))))
+        return Response(_job(services.cancel(queue, _job_id(queue, job_id)), request, self))
 
 
 class JobWorkflowView(FqAPIView):
@@ -820,7 +831,7 @@ class JobWaitView(FqAPIView):
 
     def _answer(self, request, queue: str, info) -> Response:
         if holds(request, self, MANAGE, queue):
-            return Response(_job(info))
+            return Response(_job(info, request, self))
         return Response(_outcome(info))
 
 
