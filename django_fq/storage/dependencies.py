@@ -49,8 +49,11 @@ class DependencySql:
     dependency_chunk: ClassVar[int] = CHUNK
 
     if TYPE_CHECKING:
+        supports_row_locks: ClassVar[bool]
 
         def greatest_sql(self, a: str, b: str) -> str: ...
+
+        def lock_queue_row(self, conn: Any, queue_table: str, queue_id: int, *, exclusive: bool = False) -> bool: ...
 
     def in_sql(self, column: str, values: Sequence[Any]) -> tuple[str, list]:
         """``column IN (%s, …)`` and its parameters (PostgreSQL: ``= ANY(%s)``, one array parameter)."""
@@ -71,13 +74,26 @@ class DependencySql:
     def lock_dependencies(self, conn: Any, uids: Sequence[str]) -> dict[str, tuple[int, str, int]]:
         """In the enqueue's transaction: the jobs ``uids`` (public ids, any queue) as ``{uid: (seq, state, queue_id)}``.
 
-        First marks each ``has_dependents`` (an update, so a concurrent ack of
-        one of them waits for this transaction, or this for it), then reads
-        them under a share lock in ``seq`` order. Ids not found are missing from
-        the answer. Two round trips per 500 ids.
+        First holds their queues' rows shared (where rows lock: one round trip
+        per 500 ids and one per queue), so a delete of one of those queues
+        waits for this transaction, or this for it; then marks each
+        ``has_dependents`` (an update, so a concurrent ack of one of them waits
+        for this transaction, or this for it), then reads them under a share
+        lock in ``seq`` order. Ids not found are missing from the answer. Two
+        more round trips per 500 ids.
         """
         ordered = sorted(set(uids))
         with conn.cursor() as cur:
+            if self.supports_row_locks:
+                # Hold the dependencies' queue rows shared first, as an enqueue holds its own: a
+                # delete_queue (or a time to live's expiry) of one of them waits for this commit and
+                # then sees the new edges, or this waits for it and finds the job gone. Without it
+                # the delete read the queue's dependents before this committed and left the new job
+                # waiting on an edge to a deleted job. Queue rows before job rows: the delete's order.
+                found = self._select_in(cur, f"SELECT DISTINCT queue_id FROM {_JOB} WHERE {{where}}", "uid", ordered)
+                queue_ids = {int(qid) for (qid,) in found}
+                for queue_id in sorted(queue_ids):
+                    self.lock_queue_row(conn, _QUEUE, queue_id)
             for part in self._parts(ordered):
                 where, params = self.in_sql("uid", part)
                 cur.execute(f"UPDATE {_JOB} SET has_dependents = TRUE WHERE {where} AND NOT has_dependents", params)

@@ -1,0 +1,71 @@
+"""Adversarial tests of flow control and workflows (issues 16 and 17): races on the real database.
+
+docs/reference/semantics.md §9 "Dependencies": deleting a queue treats its
+unfinished jobs as cancelled for the jobs of other queues that depend on them;
+a job never waits for a job that no longer exists. §2: no job outlives its queue.
+The interleavings are forced by hooks, and waits are for lock waiters, never sleeps.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from django_fq import services as fq
+from django_fq.exceptions import InvalidDependency
+from django_fq.models import Dependency, Job, Queue
+
+from .helpers import Background, wait_for_lock_waiter
+
+deps_module = importlib.import_module("django_fq.services.dependencies")
+queues_module = importlib.import_module("django_fq.services.queues")
+
+
+@pytest.mark.row_locks
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["delete_queue", "ttl"])
+def test_queue_removal_racing_an_enqueue_that_depends_on_its_job_orphans_nothing(monkeypatch, how):
+    """An enqueue into queue B depending on job J of queue A; A is deleted (or expires) between its check and commit.
+
+    Either the enqueue fails cleanly (J gone) or its job lands and then follows
+    the rule for a deleted dependency (cancelled under ``cancel``); never a
+    job left waiting on an edge to a job that no longer exists.
+    """
+    a, b = "adv.hostile.del.a", "adv.hostile.del.b"
+    if how == "ttl":
+        fq.configure(a, ttl_ms=1)
+        j = fq.enqueue(a, "j").id
+        fq.cancel(a, j)  # finished: the queue is empty for its time to live
+    else:
+        j = fq.enqueue(a, "j").id
+    fq.configure(b)
+    real_check = deps_module.check
+    removing: list[Background] = []
+
+    def remove():
+        if how == "ttl":
+            return queues_module.expire_idle_queues()
+        return fq.delete_queue(a)
+
+    def check_then_remove(conn, wanted):
+        found = real_check(conn, wanted)
+        if not removing:
+            removing.append(Background(remove).start())
+            wait_for_lock_waiter(1, thread=removing[0])  # the removal waits for this enqueue
+        return found
+
+    monkeypatch.setattr(deps_module, "check", check_then_remove)
+    try:
+        k = fq.enqueue(b, "k", depends_on=[j]).id
+    except InvalidDependency:
+        k = None
+    assert removing[0].join().error is None, removing[0].error
+    assert not Queue.objects.filter(name=a).exists()
+    assert not Job.objects.filter(uid=j).exists()
+    seqs = set(Job.objects.values_list("seq", flat=True))
+    # No edge names a job that is gone.
+    assert not Dependency.objects.exclude(upstream_id__in=seqs).exists()
+    if k is not None:
+        assert fq.get(b, k).state == "cancelled"
+    assert not Job.objects.filter(state="waiting").exists()
