@@ -7,6 +7,8 @@ the user may manage), and ids of other queues' jobs are refused as missing.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from django_fq import services as fq
@@ -55,3 +57,140 @@ def test_workflow_cancel_refusal_does_not_name_a_queue_the_user_may_not_see(sett
     assert (r.status_code, r.json()["code"]) == (403, "permission_denied")
     assert "hidden-queue-name" not in r.json()["message"]
     assert fq.get(mine, own).state == "waiting"
+
+
+HOSTILE_NUMBERS = [
+    "10",
+    "NaN",
+    "Infinity",
+    True,
+    None,
+    -1,
+    10**30,
+    1.5,
+    [1],
+    {"n": 1},
+]
+
+
+@pytest.mark.parametrize("field", ["rate_limit", "rate_window_ms", "key_concurrency", "ttl_ms", "concurrency"])
+@pytest.mark.parametrize("value", HOSTILE_NUMBERS, ids=repr)
+@pytest.mark.parametrize("method", ["put", "patch"])
+def test_hostile_policy_values_are_400_naming_the_field_and_write_nothing(api, field, value, method):
+    q = "api:hostile:policy"
+    fq.configure(q, rate_limit=5)
+    before = fq.policy(q)
+    r = getattr(api, method)(url("queue", q), {field: value})
+    if value is None:
+        assert r.status_code in (200, 400)  # null: "not given" (PUT: the default) or refused, never a 500
+        return
+    assert r.status_code == 400, r.content
+    assert r.json()["field"] == field
+    assert "Traceback" not in r.content.decode()
+    assert fq.policy(q) == before
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"rate_limit": NaN}',
+        b'{"rate_limit": Infinity}',
+        b'{"rate_limit": -Infinity}',
+        b'{"rate_limit": 1e999}',
+        b'{"rate_limit": ' + b"9" * 5000 + b"}",
+        b'{"key_concurrency": ' + b"9" * 100_000 + b"}",
+    ],
+    ids=["nan", "inf", "-inf", "1e999", "5000-digits", "100000-digits"],
+)
+def test_raw_json_numbers_out_of_python_reach_are_400(api, raw):
+    q = "api:hostile:raw"
+    fq.configure(q)
+    before = fq.policy(q)
+    r = api.generic("PATCH", url("queue", q), raw, content_type="application/json")
+    assert r.status_code == 400, r.content
+    assert fq.policy(q) == before
+
+
+@pytest.mark.parametrize(
+    "key, code",
+    [
+        ("a\x00b", 400),
+        ("\ud800", 400),
+        ("x" * 201, 400),
+        ("", 400),
+        (5, 400),
+        (["k"], 400),
+        ("é" * 200, 201),
+        ("🙂" * 200, 201),
+        ("A", 201),
+    ],
+    ids=["nul", "lone-surrogate", "201-chars", "empty", "int", "list", "200-accented", "200-emoji", "plain"],
+)
+def test_hostile_concurrency_keys(api, key, code):
+    q = "api:hostile:key"
+    fq.configure(q, key_concurrency=1)
+    # Raw JSON with ASCII escapes: a lone surrogate reaches the server as JSON can carry it.
+    body = json.dumps({"payload": 1, "concurrency_key": key}).encode()
+    r = api.generic("POST", url("jobs", q), body, content_type="application/json")
+    assert r.status_code == code, r.content
+    if code == 400:
+        assert r.json()["field"] == "concurrency_key"
+        assert fq.stats(q).totals["enqueued"] == 0
+    else:
+        job = fq.get(q, r.json()["id"])
+        assert job.concurrency_key == key  # stored and read back byte for byte
+
+
+def test_a_10_mb_concurrency_key_is_refused_without_a_500(api, settings):
+    q = "api:hostile:bigkey"
+    fq.configure(q, key_concurrency=1)
+    r = api.post(url("jobs", q), {"payload": 1, "concurrency_key": "k" * 10_000_000})
+    assert r.status_code in (400, 413), r.status_code
+    assert fq.stats(q).totals["enqueued"] == 0
+
+
+def test_depends_on_with_100000_ids_is_refused_cheaply(api, django_assert_max_num_queries):
+    q = "api:hostile:manydeps"
+    fq.configure(q)
+    ids = [f"{i:032x}" for i in range(100_000)]
+    with django_assert_max_num_queries(10):
+        r = api.post(url("jobs", q), {"payload": 1, "depends_on": ids})
+    assert r.status_code in (400, 413), r.content
+    if r.status_code == 400:
+        assert r.json()["field"] == "depends_on"
+    assert fq.stats(q).totals["enqueued"] == 0
+
+
+@pytest.mark.parametrize(
+    "value, field",
+    [
+        ([{"id": None}], "depends_on[0]"),
+        ([{"id": "A" * 32}], "depends_on[0]"),
+        ([{"id": "0" * 32, "on_failure": None}], "depends_on[0].on_failure"),
+        ([{"id": "0" * 32, "on_failure": ["cancel"]}], "depends_on[0].on_failure"),
+        ([{}], "depends_on[0]"),
+        ([["0" * 32]], "depends_on[0]"),
+        ({"id": "0" * 32}, "depends_on"),
+        ([1e308], "depends_on[0]"),
+        (["0" * 31 + "\x00"], "depends_on[0]"),
+    ],
+)
+def test_hostile_depends_on_shapes(api, value, field):
+    q = "api:hostile:depshape"
+    fq.configure(q)
+    r = api.post(url("jobs", q), {"payload": 1, "depends_on": value})
+    assert r.status_code == 400, r.content
+    assert (r.json()["code"], r.json()["field"]) == ("invalid_dependency", field)
+    assert fq.stats(q).totals["enqueued"] == 0
+
+
+@pytest.mark.parametrize("delay", ["NaN", -1, 10**20, True, 1.5, "100"])
+def test_hostile_snooze_delays_are_400_and_leave_the_lease(api, delay):
+    q = "api:hostile:snooze"
+    fq.enqueue(q, 1)
+    job = fq.claim(q)[0]
+    r = api.post(url("release", q), {"receipt": job.receipt, "delay_ms": delay})
+    assert r.status_code == 400, r.content
+    assert job.receipt not in r.content.decode()
+    assert fq.get(q, job.id).state == "running"
+    assert fq.ack(q, job.receipt).state == "succeeded"
