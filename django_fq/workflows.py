@@ -168,10 +168,20 @@ class Workflow:
     def levels(self) -> list[list[str]]:
         """The step names in dependency order, level by level; raises :class:`WorkflowError` (cycle, unknown step, limits)."""
         if len(self._order) > MAX_STEPS:
-            raise WorkflowError(f"a workflow has at most {MAX_STEPS} steps, not {len(self._order)}", field="steps")
-        edges = sum(len(v) for v in self._after.values())
-        if edges > MAX_EDGES:
-            raise WorkflowError(f"a workflow has at most {MAX_EDGES} edges, not {edges}", field="steps")
+            # Named: the first step past the limit (docs/reference/python-api.md: errors name the step).
+            over = self._order[MAX_STEPS]
+            raise WorkflowError(
+                f"step {over!r}: a workflow has at most {MAX_STEPS} steps, not {len(self._order)}",
+                field=f"steps[{over}]",
+            )
+        edges = 0
+        for name in self._order:
+            edges += len(self._after[name])
+            if edges > MAX_EDGES:
+                total = sum(len(v) for v in self._after.values())
+                raise WorkflowError(
+                    f"step {name!r}: a workflow has at most {MAX_EDGES} edges, not {total}", field=f"steps[{name}].after"
+                )
         need: dict[str, int] = {}
         downstream: dict[str, list[str]] = defaultdict(list)
         for name in self._order:

@@ -60,3 +60,39 @@ def test_enqueue_many_envelopes_take_depends_on():
     assert [services.get(Q, r["id"]).state for r in run.json] == ["waiting", "waiting"]
     bad = fq("enqueue-many", Q, "-", "--json", stdin='{"payload": 1, "depends_on": ["' + "f" * 32 + '"]}\n')
     assert (bad.code, bad.err_json["field"]) == (1, "items[0].depends_on[0]")
+
+
+def test_workflow_tree_of_a_deep_chain_stays_narrow():
+    """A chain's tree indents at most 20 levels, then names the depth: 10,000 steps printed 100 MB of spaces."""
+    ids = [services.enqueue(Q, 0).id]
+    for i in range(1, 60):
+        ids.append(services.enqueue(Q, i, depends_on=[ids[-1]]).id)
+    lines = fq("workflow", "show", Q, ids[0]).out.splitlines()
+    assert len(lines) == 60
+    assert max(len(line) for line in lines) < 140
+    assert lines[-1].lstrip().startswith(f"[59] {ids[-1]}")
+    assert lines[5].startswith("  " * 5 + ids[5])
+
+
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        (["--rate-limit", "NaN"], None),
+        (["--rate-limit", "1e3"], None),
+        (["--rate-limit", "-1"], "rate_limit"),
+        (["--rate-limit", "9" * 5000], None),
+        (["--rate-window", "0"], "rate_window_ms"),
+        (["--key-concurrency", "100001"], "key_concurrency"),
+        (["--ttl", "-5"], "ttl_ms"),
+        (["--ttl", str(10**18)], "ttl_ms"),
+    ],
+)
+def test_hostile_config_args_are_refused_and_change_nothing(args, field):
+    services.configure(Q, rate_limit=7)
+    before = services.policy(Q)
+    run = fq("config", Q, *args, "--json")
+    assert run.code != 0
+    assert "Traceback" not in run.err
+    if field is not None:
+        assert run.err_json["field"] == field
+    assert services.policy(Q) == before

@@ -69,3 +69,38 @@ def test_queue_removal_racing_an_enqueue_that_depends_on_its_job_orphans_nothing
     if k is not None:
         assert fq.get(b, k).state == "cancelled"
     assert not Job.objects.filter(state="waiting").exists()
+
+
+# --- workflow bounds (docs/reference/python-api.md "Workflows": 10,000 steps, 100,000 edges) -------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_workflow_of_10001_steps_is_refused_naming_the_step_and_writes_nothing():
+    from django_fq.workflows import MAX_STEPS, Workflow, WorkflowError
+
+    q = "adv.hostile.wf.big"
+    wf = Workflow()
+    for i in range(MAX_STEPS + 1):
+        wf.step(q, i, name=f"s{i}")
+    with pytest.raises(WorkflowError) as err:
+        wf.enqueue()
+    assert err.value.field == f"steps[s{MAX_STEPS}]"
+    assert f"s{MAX_STEPS}" in err.value.message and "10000" in err.value.message
+    assert not Job.objects.exists() and not Queue.objects.filter(name=q).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_workflow_over_the_edge_limit_names_the_step_and_writes_nothing(monkeypatch):
+    from django_fq import workflows
+    from django_fq.workflows import Workflow, WorkflowError
+
+    monkeypatch.setattr(workflows, "MAX_EDGES", 5)
+    q = "adv.hostile.wf.edges"
+    wf = Workflow()
+    roots = [wf.step(q, i, name=f"r{i}") for i in range(3)]
+    wf.step(q, "x", name="x", after=roots)
+    wf.step(q, "y", name="y", after=roots)  # edges 4-6: the sixth is over
+    with pytest.raises(WorkflowError) as err:
+        wf.enqueue()
+    assert err.value.field == "steps[y].after"
+    assert not Job.objects.exists()

@@ -112,10 +112,10 @@ def test_step_limit(q, monkeypatch):
     monkeypatch.setattr(workflows, "MAX_STEPS", 3)
     wf = Workflow()
     for i in range(4):
-        wf.step(q, i)
+        wf.step(q, i, name=f"s{i}")
     with pytest.raises(WorkflowError) as err:
         wf.enqueue()
-    assert err.value.field == "steps"
+    assert err.value.field == "steps[s3]"  # the first step past the limit
 
 
 def test_cancel_a_workflow_cancels_every_unfinished_step(q):

@@ -884,6 +884,10 @@ def _job_text(d: dict) -> str:
     return text
 
 
+#: Deepest indentation of ``fq workflow show``'s tree (levels); deeper steps show their depth as ``[N]``.
+_TREE_INDENT = 20
+
+
 def _workflow_tree(d: dict) -> str:
     """A workflow for people: each job under the one it depends on (indented by depth), with queue and state."""
     depth: dict[str, int] = {}
@@ -893,7 +897,11 @@ def _workflow_tree(d: dict) -> str:
         depth[step["id"]] = 1 + max((depth.get(u, 0) for u in ups), default=-1)
         more = f"  (after {len(ups)} jobs)" if len(ups) > 1 else ""
         mark = "  <-" if step["id"] == d["id"] else ""
-        lines.append(f"{'  ' * depth[step['id']]}{step['id']}  {step['queue']}  {step['state']}{more}{mark}")
+        # Indentation stops at _TREE_INDENT levels, the depth then written out: a chain of 10,000
+        # steps indented all the way down printed 100 MB of spaces.
+        level = depth[step["id"]]
+        indent = "  " * min(level, _TREE_INDENT) + (f"[{level}] " if level > _TREE_INDENT else "")
+        lines.append(f"{indent}{step['id']}  {step['queue']}  {step['state']}{more}{mark}")
     if d["truncated"]:
         lines.append(f"… more jobs are connected (the first {len(d['steps'])} are shown)")
     return "\n".join(lines)
