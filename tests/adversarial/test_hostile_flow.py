@@ -104,3 +104,79 @@ def test_a_workflow_over_the_edge_limit_names_the_step_and_writes_nothing(monkey
         wf.enqueue()
     assert err.value.field == "steps[y].after"
     assert not Job.objects.exists()
+
+
+# --- kill -9 of a process mid-ack (docs/reference/semantics.md §7: a killed worker loses no job) -------
+
+
+def _key_books_balance(queue: str) -> None:
+    """Each key's ``admitted`` equals its jobs that are queued or running (no slot leaked or given twice)."""
+    from django_fq.models import ConcurrencyKey
+
+    for row in ConcurrencyKey.objects.filter(queue__name=queue):
+        live = Job.objects.filter(queue__name=queue, concurrency_key=row.key, state__in=("queued", "running")).count()
+        assert row.admitted == live, (row.key, row.admitted, live)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("where", ["dependents", "key"])
+def test_kill_9_mid_ack_of_a_keyed_job_with_dependents_leaks_nothing_and_releases_after_redelivery(
+    tmp_path, clock, where
+):
+    """A process is killed inside the ack's transaction (after the job's own update, at the release of
+    its dependents or the give-back of its key's slot): nothing of the ack commits; the lease expires,
+    the job runs again, and its second ack releases the dependent and gives the slot back once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.worker.helpers import ROOT, child_env, wait_until
+
+    q = "adv.hostile.kill.ack"
+    fq.configure(q, key_concurrency=1, visibility_ms=60_000)
+    up = fq.enqueue(q, "up", concurrency_key="k").id
+    down = fq.enqueue(q, "down", depends_on=[up], concurrency_key="k").id
+    other = fq.enqueue(q, "other", concurrency_key="k").id  # held behind up: the slot's next job
+    job = fq.claim(q)[0]
+    assert job.id == up
+    marker = tmp_path / "marker"
+    prefix = {
+        "dependents": "SELECT id, job_id, upstream_id, on_failure FROM django_fq_dependency",  # the release
+        "key": "SELECT id, concurrency_key, admitted, wake_at FROM django_fq_key",  # the key slot's lock
+    }[where]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.adversarial.hostile_ack_child", q, job.receipt, str(marker), prefix],
+        cwd=ROOT, env=child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: marker.exists() or child.poll() is not None, 60, what="the child inside the ack")
+        assert child.poll() is None, child.stderr.read().decode()[-3000:]
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait(30)
+    # Nothing of the ack committed (the database ends the killed session's transaction).
+    wait_until(lambda: fq.get(q, up).state == "running", 30, what="the killed ack to roll back")
+    assert fq.get(q, down).state == "waiting"
+    assert Job.objects.get(uid=other).state == "held"
+    _key_books_balance(q)
+    # The lease runs out: the job is redelivered, and this time the ack commits.
+    clock.advance(61_000)
+    fq.reap(q)
+    again = fq.claim(q)
+    assert [j.id for j in again] == [up] and again[0].attempts == 2
+    assert fq.ack(q, again[0].receipt).state == "succeeded"
+    _key_books_balance(q)
+    # The slot went back once and went to the key's next job in claim order; the dependent waits its turn.
+    states = {uid: Job.objects.get(uid=uid).state for uid in (down, other)}
+    assert sorted(states.values()) == ["held", "queued"], states
+    ran = []
+    for _ in range(2):
+        nxt = fq.claim(q)
+        assert len(nxt) == 1
+        ran.append(nxt[0].id)
+        fq.ack(q, nxt[0].receipt)
+        _key_books_balance(q)
+    assert sorted(ran) == sorted([down, other])
+    assert fq.stats(q).counts["succeeded"] == 3
