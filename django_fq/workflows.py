@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections import defaultdict, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from django.db import transaction
@@ -340,12 +340,19 @@ class CancelledWorkflow:
     finished: int
 
 
-def cancel(queue: str, job_id: str) -> CancelledWorkflow:
+def cancel(
+    queue: str, job_id: str, *, manageable: Callable[[set[str]], set[str]] | None = None
+) -> CancelledWorkflow:
     """Cancel every unfinished job (waiting, scheduled, ready, running, dead) of job ``job_id``'s workflow.
 
     One transaction; a running job's lease ends as with ``cancel``, and no
     job of the workflow is released meanwhile (a ``run`` edge satisfied by a
     cancel releases a job this call cancels next, before it commits).
+    ``manageable``: given the names of the queues holding unfinished jobs,
+    those the caller may cancel in; when one is missing, nothing is cancelled
+    and :class:`django.core.exceptions.PermissionDenied` is raised (the REST
+    view's check, made on the steps this transaction reads, so a job that
+    joined the workflow after an earlier look is judged too).
     Raises :class:`QueueNotFound`, :class:`JobNotFound`.
     """
     from .services import cancel as cancel_job
@@ -353,6 +360,12 @@ def cancel(queue: str, job_id: str) -> CancelledWorkflow:
     def apply():
         info = show(queue, job_id)
         unfinished = [s for s in info.steps if s["state"] not in ("succeeded", "cancelled")]
+        if manageable is not None:
+            touched = {s["queue"] for s in unfinished}
+            if touched - manageable(touched):
+                from django.core.exceptions import PermissionDenied
+
+                raise PermissionDenied("the workflow has unfinished jobs in a queue the caller may not manage")
         for step in unfinished:  # in dependency order: a cascade of one may have cancelled the next
             try:
                 cancel_job(step["queue"], step["id"])

@@ -194,3 +194,29 @@ def test_hostile_snooze_delays_are_400_and_leave_the_lease(api, delay):
     assert job.receipt not in r.content.decode()
     assert fq.get(q, job.id).state == "running"
     assert fq.ack(q, job.receipt).state == "succeeded"
+
+
+def test_workflow_cancel_checks_the_queues_in_its_own_transaction(settings, monkeypatch):
+    """A job of a queue the user may not manage joins the workflow between the view's check and the cancel.
+
+    The cancel must not reach it: the permission is judged on the steps the cancel itself reads.
+    """
+    from django_fq import workflows
+    from django_fq.api import views
+
+    client, user = _own_queues_only(settings, "manage")
+    mine = f"{user.username}:w"
+    own = fq.enqueue(mine, 1).id
+    joined: list[str] = []
+    real_cancel = workflows.cancel
+
+    def join_then_cancel(queue, job_id, **kw):
+        # Another producer's job, run whatever happens to its dependency: a cancel of it releases it.
+        joined.append(fq.enqueue("someone-else:w", 2, depends_on=[{"id": own, "on_failure": "run"}]).id)
+        return real_cancel(queue, job_id, **kw)
+
+    monkeypatch.setattr(views.workflows, "cancel", join_then_cancel)
+    r = client.post(url("job-workflow-cancel", mine, own))
+    assert (r.status_code, r.json()["code"]) == (403, "permission_denied")
+    assert fq.get("someone-else:w", joined[0]).state == "waiting"
+    assert fq.get(mine, own).state == "ready"  # nothing cancelled: all or nothing
