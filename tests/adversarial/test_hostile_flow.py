@@ -180,3 +180,74 @@ def test_kill_9_mid_ack_of_a_keyed_job_with_dependents_leaks_nothing_and_release
         _key_books_balance(q)
     assert sorted(ran) == sorted([down, other])
     assert fq.stats(q).counts["succeeded"] == 3
+
+
+# --- snooze vs lease expiry vs a stale ack on a keyed job (docs/reference/semantics.md §9 "Per-key limits") ---
+
+
+@pytest.mark.django_db(transaction=True)
+def test_snooze_expiry_and_ack_racing_on_one_keyed_lease_give_the_slot_back_once(clock):
+    """Three threads end one expired lease at once: a snooze, the reaper and an ack with its receipt.
+
+    At most one of snooze/ack wins (the other gets an error, never a second
+    give-back); the key's books balance after each round, and its next job is
+    admitted exactly once.
+    """
+    q = "adv.hostile.snooze.race"
+    fq.configure(q, key_concurrency=1, visibility_ms=1000, max_attempts=1000, backoff_ms=0)
+    rounds = 8
+    for n in range(rounds):
+        fq.enqueue(q, n, concurrency_key="k")
+    won: set[str] = set()
+    for r in range(rounds):
+        job = fq.claim(q)[0]
+        _key_books_balance(q)
+        if r % 2:
+            clock.advance(1500)  # past its deadline: the reaper ends it, the receipt is stale
+        outcomes = _end_three_ways(q, job.receipt)
+        won.update(outcomes)
+        assert not (outcomes[0] == "snoozed" and outcomes[2] == "acked"), outcomes
+        _key_books_balance(q)
+        # A reaper pass skips a lease another writer holds at that instant; the next pass ends it.
+        fq.reap(q)
+        _key_books_balance(q)
+        states = list(Job.objects.filter(queue__name=q).values_list("state", flat=True))
+        assert states.count("running") == 0 and states.count("queued") <= 1, (outcomes, states)
+        if Job.objects.filter(uid=job.id, state="succeeded").exists():
+            continue
+        # The job went back (snoozed or expired): it runs again, then the slot passes on.
+        again = fq.claim(q)
+        assert len(again) == 1, (outcomes, states)
+        fq.ack(q, again[0].receipt)
+        _key_books_balance(q)
+    assert fq.stats(q).counts["succeeded"] == rounds
+    _key_books_balance(q)
+    assert won & {"snoozed", "acked"} and "invalid_receipt" in won  # both races did happen
+
+
+def _end_three_ways(q: str, receipt: str) -> list[str]:
+    """A snooze, a reaper pass and an ack of ``receipt``, on three threads released at once; their outcomes."""
+    import threading
+
+    from django_fq.exceptions import FqError
+    from tests.threads import in_threads
+
+    barrier = threading.Barrier(3)
+    verbs = (
+        (lambda: fq.release(q, receipt, delay_ms=0), "snoozed"),
+        (lambda: fq.reap(q), "reaped"),
+        (lambda: fq.ack(q, receipt), "acked"),
+    )
+
+    def end(i: int) -> tuple[str, str]:
+        call, name = verbs[i]
+        barrier.wait()
+        try:
+            call()
+        except FqError as exc:
+            return exc.code, exc.message
+        return name, ""
+
+    results = in_threads(3, end)
+    assert not any(receipt in message for _, message in results)  # errors never carry the receipt
+    return [code for code, _ in results]
