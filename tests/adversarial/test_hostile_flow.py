@@ -251,3 +251,47 @@ def _end_three_ways(q: str, receipt: str) -> list[str]:
     results = in_threads(3, end)
     assert not any(receipt in message for _, message in results)  # errors never carry the receipt
     return [code for code, _ in results]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_workflow_cancel_racing_the_ack_that_releases_a_step_leaves_nothing_runnable():
+    """An ack of the running first step (releasing the second) and a cancel of the workflow, at once.
+
+    Whichever commits first, every step ends finished (the first succeeded or
+    cancelled, the rest cancelled), none is left queued, held or waiting, and the
+    key's slot (the released step is keyed) is given back.
+    """
+    import threading
+
+    from django_fq import workflows
+    from django_fq.exceptions import FqError
+    from tests.threads import in_threads
+
+    q = "adv.hostile.wf.cancel"
+    fq.configure(q, key_concurrency=1)
+    for _ in range(6):
+        a = fq.enqueue(q, "a").id
+        b = fq.enqueue(q, "b", depends_on=[a], concurrency_key="k").id
+        c = fq.enqueue(q, "c", depends_on=[b], concurrency_key="k").id
+        job = fq.claim(q)[0]
+        assert job.id == a
+        barrier = threading.Barrier(2)
+
+        def act(i: int, receipt: str = job.receipt, last: str = c, barrier=barrier) -> str:
+            barrier.wait()
+            try:
+                if i == 0:
+                    fq.ack(q, receipt)
+                    return "acked"
+                workflows.cancel(q, last)
+                return "cancelled"
+            except FqError as exc:
+                return exc.code
+
+        outcome = tuple(in_threads(2, act))
+        assert outcome[1] == "cancelled", outcome
+        states = [Job.objects.get(uid=u).state for u in (a, b, c)]
+        assert states[0] in ("succeeded", "cancelled") and states[1:] == ["cancelled", "cancelled"], (outcome, states)
+        assert (states[0] == "succeeded") == (outcome[0] == "acked"), (outcome, states)
+        _key_books_balance(q)
+    assert not Job.objects.filter(queue__name=q, state__in=("queued", "held", "waiting", "running")).exists()
