@@ -295,3 +295,55 @@ def test_workflow_cancel_racing_the_ack_that_releases_a_step_leaves_nothing_runn
         assert (states[0] == "succeeded") == (outcome[0] == "acked"), (outcome, states)
         _key_books_balance(q)
     assert not Job.objects.filter(queue__name=q, state__in=("queued", "held", "waiting", "running")).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_plain_enqueues_racing_ttl_expiry_land_in_a_live_queue(clock):
+    """4 threads enqueue one job (the one-statement path) into each of 40 expired, empty queues while
+    passes of the time to live run: each enqueue lands in a queue that exists at the end (kept, or
+    created again), or fails cleanly; no job is left in, or deleted with, a removed queue."""
+    import random
+    import threading
+
+    from django_fq.exceptions import FqError
+
+    names = [f"adv.hostile.ttl.{i}" for i in range(40)]
+    for name in names:
+        fq.configure(name, ttl_ms=1)
+    clock.advance(10_000)  # every queue is empty and idle past its time to live
+    stop = threading.Event()
+    landed: list[tuple[str, str]] = []
+    refused: list[str] = []
+
+    def enqueue_all(i: int) -> None:
+        order = names[:]
+        random.Random(i).shuffle(order)
+        for name in order:
+            try:
+                landed.append((name, fq.enqueue(name, {"i": i}).id))
+            except FqError as exc:
+                refused.append(exc.code)
+
+    def expire_until_stopped() -> int:
+        passes = 0
+        while not stop.is_set():
+            queues_module.expire_idle_queues()
+            passes += 1
+        return passes
+
+    expirer = Background(expire_until_stopped).start()
+    try:
+        from tests.threads import in_threads
+
+        in_threads(4, enqueue_all, timeout_s=120)
+    finally:
+        stop.set()
+    assert expirer.join(60).error is None, expirer.error
+    assert expirer.value > 0
+    assert not refused or set(refused) <= {"queue_not_found"}, refused
+    live = dict(Queue.objects.values_list("id", "name"))
+    jobs = dict(Job.objects.values_list("uid", "queue_id"))
+    assert set(jobs.values()) <= set(live), "a job outlived its queue"
+    for name, uid in landed:
+        assert uid in jobs, f"job {uid} of {name} was deleted with an expired queue"
+        assert live[jobs[uid]] == name
