@@ -347,3 +347,33 @@ def test_plain_enqueues_racing_ttl_expiry_land_in_a_live_queue(clock):
     for name, uid in landed:
         assert uid in jobs, f"job {uid} of {name} was deleted with an expired queue"
         assert live[jobs[uid]] == name
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_acks_releasing_one_dependent_across_queues_release_it_once():
+    """The last two dependencies of one job, in two other queues, acked by two threads at once (20 rounds):
+    the dependent is released once (one ready job, the counters agree, one claim gets it)."""
+    import threading
+
+    from tests.threads import in_threads
+
+    qa, qb, qd = "adv.hostile.rel.a", "adv.hostile.rel.b", "adv.hostile.rel.d"
+    for r in range(20):
+        a = fq.enqueue(qa, r).id
+        b = fq.enqueue(qb, r).id
+        d = fq.enqueue(qd, r, depends_on=[a, b]).id
+        ja, jb = fq.claim(qa)[0], fq.claim(qb)[0]
+        barrier = threading.Barrier(2)
+
+        def ack(i: int, jobs=((qa, ja.receipt), (qb, jb.receipt)), barrier=barrier) -> str:
+            barrier.wait()
+            return fq.ack(*jobs[i]).state
+
+        assert in_threads(2, ack) == ["succeeded", "succeeded"]
+        assert fq.get(qd, d).state == "ready"
+        stats = fq.stats(qd)
+        assert (stats.counts["ready"], stats.counts["waiting"]) == (1, 0)
+        got = fq.claim(qd, count=10)
+        assert [j.id for j in got] == [d]
+        fq.ack(qd, got[0].receipt)
+    assert fq.stats(qd).counts["succeeded"] == 20
