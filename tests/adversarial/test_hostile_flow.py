@@ -377,3 +377,21 @@ def test_two_acks_releasing_one_dependent_across_queues_release_it_once():
         assert [j.id for j in got] == [d]
         fq.ack(qd, got[0].receipt)
     assert fq.stats(qd).counts["succeeded"] == 20
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("coalesce", ["idempotency", "unique_key"])
+def test_a_duplicate_enqueue_cannot_make_a_job_depend_on_itself(coalesce):
+    """The only way to name a job's own id at its enqueue is a duplicate that coalesces onto it:
+    the duplicate keeps the existing job's dependencies (none), so no cycle of one is ever written."""
+    q = "adv.hostile.selfdep"
+    first = fq.enqueue(q, 1, **{coalesce: "same"})
+    again = fq.enqueue(q, 2, depends_on=[first.id], **{coalesce: "same"})
+    assert (again.id, again.created) == (first.id, False)
+    assert not Dependency.objects.exists()
+    assert fq.get(q, first.id).state == "ready"
+    # A chain built over several calls is acyclic by construction: each call names only existing jobs.
+    b = fq.enqueue(q, 3, depends_on=[first.id]).id
+    c = fq.enqueue(q, 4, depends_on=[b], **{coalesce: "same"})
+    assert c.id == first.id and not c.created  # coalesced: first does not come to depend on b
+    assert list(Dependency.objects.values_list("job__uid", "upstream__uid")) == [(b, first.id)]
