@@ -261,6 +261,7 @@ def _with_activity(qs):
     from django.db.models.functions import Coalesce, Greatest
 
     from ..models import IdempotencyToken, Job
+    from ..storage.dependencies import UNFINISHED_STATES
     from ._base import manager
 
     jobs = manager(Job).filter(queue_id=OuterRef("id"))
@@ -277,8 +278,12 @@ def _with_activity(qs):
         output_field=BigIntegerField(),
     )
     live_tokens = manager(IdempotencyToken).filter(queue_id=OuterRef("id"), expires_at__gt=db.DbNow())
+    # A finished job that an unfinished job (of any queue) still depends on keeps the queue, as
+    # it keeps prune from deleting the job (docs/reference/semantics.md §9 "Dependencies"). Only
+    # jobs flagged has_dependents are probed, by the (upstream, job) index.
+    needed = jobs.filter(has_dependents=True, dependent_edges__job__state__in=UNFINISHED_STATES)
     qs = qs.annotate(
-        busy=Exists(jobs.exclude(state__in=FINISHED_STORED)),
+        busy=Exists(jobs.exclude(state__in=FINISHED_STORED)) | Exists(needed),
         promised=Exists(live_tokens),
         seen=seen,
     )

@@ -26,7 +26,8 @@ _QUEUE = "django_fq_queue"
 CHUNK = 500
 #: Stored states of a job that is not finished: a finished job a job in one of these still depends on
 #: is never pruned (it may be retried, or read, later).
-UNFINISHED_SQL = "'waiting', 'queued', 'held', 'running', 'dead'"
+UNFINISHED_STATES = ("waiting", "queued", "held", "running", "dead")
+UNFINISHED_SQL = ", ".join(f"'{state}'" for state in UNFINISHED_STATES)
 
 
 def _chunks(values: Sequence[Any], size: int = CHUNK) -> Iterable[Sequence[Any]]:

@@ -395,3 +395,29 @@ def test_a_duplicate_enqueue_cannot_make_a_job_depend_on_itself(coalesce):
     c = fq.enqueue(q, 4, depends_on=[b], **{coalesce: "same"})
     assert c.id == first.id and not c.created  # coalesced: first does not come to depend on b
     assert list(Dependency.objects.values_list("job__uid", "upstream__uid")) == [(b, first.id)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ttl_keeps_a_queue_whose_finished_job_an_unfinished_job_still_needs(clock):
+    """docs/reference/semantics.md §9 "Dependencies": pruning never removes a finished job that an
+    unfinished one depends on; the time to live (which prune runs) must not either."""
+    a, b = "adv.hostile.ttl.needed.a", "adv.hostile.ttl.needed.b"
+    fq.configure(a, ttl_ms=1)
+    s = fq.enqueue(a, "s").id
+    done = fq.claim(a)[0]
+    fq.ack(a, done.receipt)
+    x = fq.enqueue(b, "x").id
+    w = fq.enqueue(b, "w", depends_on=[s, x]).id
+    clock.advance(10_000)
+    assert queues_module.expire_idle_queues() == []
+    assert Queue.objects.filter(name=a).exists()
+    assert [e["id"] for e in fq.get(b, w).depends_on] == sorted([s, x], key=lambda u: Job.objects.get(uid=u).seq)
+    job = fq.claim(b)[0]
+    assert job.id == x
+    fq.ack(b, job.receipt)
+    job = fq.claim(b)[0]
+    assert job.id == w
+    assert queues_module.expire_idle_queues() == []  # w is running: it still needs s
+    fq.ack(b, job.receipt)
+    clock.advance(10_000)
+    assert queues_module.expire_idle_queues() == [a]  # nothing needs it any more
