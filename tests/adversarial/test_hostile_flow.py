@@ -421,3 +421,86 @@ def test_ttl_keeps_a_queue_whose_finished_job_an_unfinished_job_still_needs(cloc
     fq.ack(b, job.receipt)
     clock.advance(10_000)
     assert queues_module.expire_idle_queues() == [a]  # nothing needs it any more
+
+
+_KEY_BOOKS_SQL = (
+    "SELECT k.concurrency_key, k.admitted, (SELECT COUNT(*) FROM django_fq_job j WHERE j.queue_id = k.queue_id "
+    "AND j.concurrency_key = k.concurrency_key AND j.state IN ('queued', 'running')), "
+    "(SELECT COUNT(*) FROM django_fq_job j WHERE j.queue_id = k.queue_id "
+    "AND j.concurrency_key = k.concurrency_key AND j.state = 'running') "
+    "FROM django_fq_key k JOIN django_fq_queue q ON q.id = k.queue_id WHERE q.name = %s"
+)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_configure_of_key_concurrency_racing_claims_acks_and_enqueues_keeps_the_books():
+    """Threads claim and ack, one enqueues, one sets key_concurrency to 1, 3, 2, … while they run.
+
+    Every sample (one statement: one snapshot) finds each key's ``admitted``
+    equal to its queued and running jobs and no key running more jobs than
+    the highest limit ever set; once the limit is 1 and the excess has run
+    out, no key ever runs two jobs again.
+    """
+    import threading
+
+    from django.db import connection
+
+    from tests.threads import in_threads
+
+    q = "adv.hostile.keys.configure"
+    keys = [f"k{i}" for i in range(5)]
+    fq.configure(q, key_concurrency=2)
+    fq.enqueue_many(q, [{"payload": n, "concurrency_key": keys[n % 5]} for n in range(200)])
+    stop = threading.Event()
+    samples: list[tuple] = []
+    bad: list[tuple] = []
+    progress = threading.Condition()
+
+    def sample() -> None:
+        with connection.cursor() as cur:
+            cur.execute(_KEY_BOOKS_SQL, [q])
+            rows = cur.fetchall()
+        with progress:
+            samples.append(tuple(rows))
+            progress.notify_all()
+        for key, admitted, live, running in rows:
+            if admitted != live or running > 3:
+                bad.append((key, admitted, live, running))
+
+    def work(i: int) -> None:
+        if i == 0:  # the operator
+            for limit in (1, 3, 2, 3, 1, 2, 1):
+                fq.configure(q, key_concurrency=limit)
+                sample()
+                with progress:  # the consumers claim under each limit before the next change
+                    seen = len(samples)
+                    assert progress.wait_for(lambda seen=seen: len(samples) >= seen + 6, timeout=60)
+            stop.set()
+            return
+        if i == 1:  # a producer
+            for n in range(60):
+                fq.enqueue(q, n, concurrency_key=keys[n % 5])
+            return
+        while not stop.is_set():  # consumers
+            for job in fq.claim(q, count=3):
+                sample()
+                fq.ack(q, job.receipt)
+
+    in_threads(5, work, timeout_s=180)
+    assert not bad, bad[:5]
+    # The limit is 1 now: drain the rest one claim at a time; no key ever has two running.
+    while True:
+        got = fq.claim(q, count=10)
+        if not got:
+            break
+        by_key: dict[str, int] = {}
+        for job in got:
+            k = Job.objects.get(uid=job.id).concurrency_key
+            by_key[k] = by_key.get(k, 0) + 1
+        assert max(by_key.values()) == 1, by_key
+        sample()
+        for job in got:
+            fq.ack(q, job.receipt)
+    assert not bad, bad[:5]
+    assert fq.stats(q).counts["succeeded"] == 260
+    _key_books_balance(q)
