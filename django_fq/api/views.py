@@ -654,14 +654,17 @@ def _dependency_rule(request, view, queue: str, envelopes: list[tuple[str, dict]
     ``depends_on`` is left to the enqueue, which names it.
     """
     wanted: list[tuple[str, int, str]] = []
+    parsed: list[tuple[str, tuple]] = []
     for prefix, env in envelopes:
         try:
             edges = dependencies.parse(env.get("depends_on"), f"{prefix}depends_on") or ()
         except FqError:
             continue
+        parsed.append((prefix, edges))
         wanted += [(prefix, i, e.id) for i, e in enumerate(edges)]
     if not wanted:
         return
+    dependencies.check_total(parsed)  # before the look-up of their queues
     owners = dependencies.queues_of([uid for _, _, uid in wanted])
     allowed: dict[str, bool] = {queue: True}
     for prefix, i, uid in wanted:

@@ -18,7 +18,7 @@ there ``wait`` cancels too). The SQL is the store's
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from .. import db, storage, validation
@@ -28,6 +28,10 @@ from ._base import add_counters, history_entry, reported_state
 
 #: Most direct dependencies one job may have (docs/reference/semantics.md §9 "Dependencies").
 MAX_DEPENDENCIES = 1000
+#: Most dependencies the jobs of one ``enqueue_many`` may name together (the workflow builder's
+#: edge limit, ``workflows.MAX_EDGES``): the enqueue locks and reads every one of them in its
+#: transaction, so an unbounded batch (1,000 jobs of 1,000 made-up ids) held it for half a minute.
+MAX_BATCH_DEPENDENCIES = 100_000
 #: What a dependency that goes dead or is cancelled does to its dependent.
 ON_FAILURE = ("cancel", "run", "wait")
 DEFAULT_ON_FAILURE = "cancel"
@@ -79,6 +83,24 @@ def parse(value: object, field: str = "depends_on") -> tuple[Edge, ...] | None:
         seen.add(item)
         edges.append(Edge(item, policy))
     return tuple(edges) or None
+
+
+def check_total(items: Iterable[tuple[str, Sequence[Edge] | None]]) -> None:
+    """Refuse a batch whose items name more than :data:`MAX_BATCH_DEPENDENCIES` dependencies in all.
+
+    ``items``: ``(field prefix, edges)`` per item, in order (prefix ``"items[i]."``). Raises
+    :class:`InvalidDependency` naming the ``depends_on`` of the item that passes the limit,
+    before anything is read or written.
+    """
+    total = 0
+    for prefix, edges in items:
+        total += len(edges or ())
+        if total > MAX_BATCH_DEPENDENCIES:
+            field = f"{prefix}depends_on"
+            raise InvalidDependency(
+                f"{field}: the jobs of one batch may depend on at most {MAX_BATCH_DEPENDENCIES} jobs in all",
+                field=field,
+            )
 
 
 def parse_cli(values: Sequence[str] | None) -> list[dict] | None:

@@ -202,6 +202,7 @@ def enqueue_many(queue: str, items: Iterable[Mapping], *, create_queue: bool = T
         parsed = [_parse_item(i, _through(chain, queue, i, raw), limit, encode) for i, raw in enumerate(items)]
     if not parsed:
         return []
+    dependencies.check_total((f"items[{i}].", it.depends_on) for i, it in enumerate(parsed))
     results = _write(queue, parsed, batch=True, create=create_queue)
     if after_enqueue is not None:
         after_enqueue(queue, results)

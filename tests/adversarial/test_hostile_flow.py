@@ -504,3 +504,53 @@ def test_configure_of_key_concurrency_racing_claims_acks_and_enqueues_keeps_the_
     assert not bad, bad[:5]
     assert fq.stats(q).counts["succeeded"] == 260
     _key_books_balance(q)
+
+
+@pytest.mark.django_db
+def test_a_batch_naming_more_than_100000_dependencies_is_refused_before_any_read(django_assert_max_num_queries):
+    """1,000 items of 1,000 made-up ids each held the enqueue's transaction for tens of seconds
+    (every id locked and read); past 100,000 in all the batch is refused, naming the item, unread."""
+    import secrets
+
+    from django_fq.services.dependencies import MAX_BATCH_DEPENDENCIES
+
+    q = "adv.hostile.bulkdeps"
+    per = 1000
+    items = [{"payload": i, "depends_on": [secrets.token_hex(16) for _ in range(per)]} for i in range(101)]
+    with django_assert_max_num_queries(0), pytest.raises(InvalidDependency) as err:
+        fq.enqueue_many(q, items)
+    assert err.value.field == f"items[{MAX_BATCH_DEPENDENCIES // per}].depends_on"
+    assert not Queue.objects.filter(name=q).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_chain_of_10000_steps_enqueues_shows_prints_and_cancels_within_bounds():
+    """The deepest workflow the limits allow: one chain of 10,000 steps (10,000 levels).
+
+    It is enqueued whole, shown whole and in order (not truncated), printed by
+    ``fq workflow show`` in bounded width, and a cancel of its head cascades
+    to its last step.
+    """
+    import io
+
+    from django.core.management import call_command
+
+    from django_fq import workflows
+    from django_fq.workflows import MAX_STEPS, Workflow
+
+    q = "adv.hostile.chain"
+    wf = Workflow()
+    prev = None
+    for i in range(MAX_STEPS):
+        prev = wf.step(q, i, name=f"c{i}", after=[prev] if prev else [])
+    ids = wf.enqueue()
+    info = workflows.show(q, ids["c5000"])
+    assert not info.truncated and [s["id"] for s in info.steps] == [ids[f"c{i}"] for i in range(MAX_STEPS)]
+    out = io.StringIO()
+    call_command("fq", "workflow", "show", q, ids["c0"], stdout=out)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == MAX_STEPS and max(len(line) for line in lines) < 150
+    fq.cancel(q, ids["c0"])
+    assert fq.get(q, ids[f"c{MAX_STEPS - 1}"]).state == "cancelled"
+    assert fq.stats(q).counts["cancelled"] == MAX_STEPS

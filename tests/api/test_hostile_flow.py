@@ -220,3 +220,16 @@ def test_workflow_cancel_checks_the_queues_in_its_own_transaction(settings, monk
     assert (r.status_code, r.json()["code"]) == (403, "permission_denied")
     assert fq.get("someone-else:w", joined[0]).state == "waiting"
     assert fq.get(mine, own).state == "ready"  # nothing cancelled: all or nothing
+
+
+def test_a_bulk_naming_more_than_100000_dependencies_is_400_before_any_lookup(api, django_assert_max_num_queries):
+    import secrets
+
+    q = "api:hostile:bulkdeps"
+    fq.configure(q)
+    jobs = [{"payload": i, "depends_on": [secrets.token_hex(16) for _ in range(1000)]} for i in range(101)]
+    with django_assert_max_num_queries(12):  # the session and permission reads; no dependency look-up
+        r = api.post(url("enqueue-bulk", q), {"jobs": jobs})
+    assert r.status_code == 400, r.content[:500]
+    assert (r.json()["code"], r.json()["field"]) == ("invalid_dependency", "jobs[100].depends_on")
+    assert fq.stats(q).totals["enqueued"] == 0
