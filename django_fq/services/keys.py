@@ -129,15 +129,19 @@ def give_back(conn, *, queue_id: int, queue: str | None, freed: Iterable[str | N
         _admit(conn, queue_id, queue, policy, rows, {k: max(0, r["admitted"] - counts[k]) for k, r in rows.items()})
 
 
-def admit(conn, *, queue_id: int, queue: str | None, keys: Iterable[str | None], create: bool = True) -> None:
+def admit(
+    conn, *, queue_id: int, queue: str | None, keys: Iterable[str | None], create: bool = True, skip_locked: bool = False
+) -> None:
     """Admit due held jobs of ``keys`` while they have room (a retry, a requeue, a wake); no slot changes hands.
 
     ``create=False``: the key rows exist already (a wake), so none is inserted.
+    ``skip_locked`` (a claim's wake): keys another transaction holds are left
+    to it, so concurrent claims do not queue up behind each other's admissions.
     """
     wanted = sorted({k for k in keys if k is not None})
     store = storage.for_connection(conn)
     for chunk in _chunks(wanted):
-        policy, rows = store.lock_keys(conn, queue_id, chunk, create=create)
+        policy, rows = store.lock_keys(conn, queue_id, chunk, create=create, skip_locked=skip_locked)
         if not policy.on:
             return
         _admit(conn, queue_id, queue, policy, rows, {k: r["admitted"] for k, r in rows.items()})

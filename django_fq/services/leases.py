@@ -434,7 +434,7 @@ def _claim_once(
             # Held jobs of keys with room that became due: admitted before the jobs are taken.
             due = store.due_keys(conn, now=db.now_sql(conn), queue_id=queue_id, limit=slots.WAKE_BATCH)
             if due:
-                slots.admit(conn, queue_id=queue_id, queue=None, keys=[k for _, k in due], create=False)
+                slots.admit(conn, queue_id=queue_id, queue=None, keys=[k for _, k in due], create=False, skip_locked=True)
         gate = RateGate(limit=row[1], window_ms=row[2])
         rows = storage.for_connection(conn).take_jobs(
             conn,

@@ -758,11 +758,13 @@ class Store(DependencySql, abc.ABC):
         return []
 
     def lock_keys(
-        self, conn: Any, queue_id: int, keys: Sequence[str], *, create: bool
+        self, conn: Any, queue_id: int, keys: Sequence[str], *, create: bool, skip_locked: bool = False
     ) -> tuple[KeyPolicy, dict[str, dict]]:
         """Inside a write transaction: lock the key rows ``keys`` of queue ``queue_id``, in key order.
 
         With ``create``, rows missing are inserted first (``admitted`` 0).
+        ``skip_locked`` (a claim's wake): rows another transaction holds are
+        left out (it is admitting that key now), so the claim never waits on them.
         Returns ``(policy, rows)``: the queue's :class:`KeyPolicy` read after
         the locks are granted (so a ``configure()`` that held them is seen;
         all 0 for a queue gone), and ``{key: {"id", "admitted", "wake_at"}}``.
@@ -772,11 +774,12 @@ class Store(DependencySql, abc.ABC):
             if create and keys:
                 self._insert_keys(cur, queue_id, keys)
             rows: dict[str, dict] = {}
+            skip = " SKIP LOCKED" if skip_locked and self.update_lock_sql else ""
             if keys:
                 marks = ", ".join(["%s"] * len(keys))
                 cur.execute(
                     f"SELECT id, concurrency_key, admitted, wake_at FROM {KEY_TABLE} WHERE queue_id = %s "
-                    f"AND concurrency_key IN ({marks}) ORDER BY concurrency_key{self.update_lock_sql}",
+                    f"AND concurrency_key IN ({marks}) ORDER BY concurrency_key{self.update_lock_sql}{skip}",
                     [queue_id, *keys],
                 )
                 rows = {k: {"id": i, "admitted": a, "wake_at": w} for i, k, a, w in cur.fetchall()}
