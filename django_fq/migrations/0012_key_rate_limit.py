@@ -16,44 +16,53 @@ from django_fq import storage
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('django_fq', '0011_dependencies'),
+        ("django_fq", "0011_dependencies"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='KeyClaim',
+            name="KeyClaim",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('key', models.CharField(db_column='concurrency_key', max_length=200)),
-                ('at', models.BigIntegerField(help_text='epoch ms, database clock, of the claim')),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("key", models.CharField(db_column="concurrency_key", max_length=200)),
+                ("at", models.BigIntegerField(help_text="epoch ms, database clock, of the claim")),
             ],
             options={
-                'db_table': 'django_fq_key_claim',
+                "db_table": "django_fq_key_claim",
             },
         ),
         migrations.AddField(
-            model_name='queue',
-            name='key_rate_limit',
+            model_name="queue",
+            name="key_rate_limit",
             field=models.IntegerField(db_default=0, default=0),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(condition=models.Q(('state', 'queued'), ('concurrency_key__isnull', False)), fields=['queue', 'concurrency_key'], name='fq_job_key_queued'),
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("state", "queued"), ("concurrency_key__isnull", False)),
+                fields=["queue", "concurrency_key"],
+                name="fq_job_key_queued",
+            ),
         ),
         migrations.AddField(
-            model_name='keyclaim',
-            name='queue',
-            field=models.ForeignKey(db_constraint=False, db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='django_fq.queue'),
+            model_name="keyclaim",
+            name="queue",
+            field=models.ForeignKey(
+                db_constraint=False,
+                db_index=False,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="+",
+                to="django_fq.queue",
+            ),
         ),
         migrations.AddIndex(
-            model_name='keyclaim',
-            index=models.Index(fields=['queue', 'key', 'at'], name='fq_key_claim_key'),
+            model_name="keyclaim",
+            index=models.Index(fields=["queue", "key", "at"], name="fq_key_claim_key"),
         ),
         migrations.AddIndex(
-            model_name='keyclaim',
-            index=models.Index(fields=['queue', 'at'], name='fq_key_claim_at'),
+            model_name="keyclaim",
+            index=models.Index(fields=["queue", "at"], name="fq_key_claim_at"),
         ),
         migrations.RunPython(
             *storage.migration_ddl("key_rate_schema_sql"), atomic=False, hints={"model_name": "keyclaim"}

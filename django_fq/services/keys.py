@@ -130,7 +130,13 @@ def give_back(conn, *, queue_id: int, queue: str | None, freed: Iterable[str | N
 
 
 def admit(
-    conn, *, queue_id: int, queue: str | None, keys: Iterable[str | None], create: bool = True, skip_locked: bool = False
+    conn,
+    *,
+    queue_id: int,
+    queue: str | None,
+    keys: Iterable[str | None],
+    create: bool = True,
+    skip_locked: bool = False,
 ) -> None:
     """Admit due held jobs of ``keys`` while they have room (a retry, a requeue, a wake); no slot changes hands.
 
@@ -168,8 +174,10 @@ def wake(*, queue_id: int | None = None, limit: int = WAKE_BATCH) -> int:
     store = storage.for_connection(conn)
     if queue_id is None:
         # Queue by queue, through the (queue, wake_at) index: only queues with a key limit keep keys.
-        limited = manager(Queue).filter(Q(key_concurrency__gt=0) | Q(key_rate_limit__gt=0)).values_list(
-            "id", "key_rate_limit", "rate_window_ms"
+        limited = (
+            manager(Queue)
+            .filter(Q(key_concurrency__gt=0) | Q(key_rate_limit__gt=0))
+            .values_list("id", "key_rate_limit", "rate_window_ms")
         )
         looked = 0
         for qid, rate, window_ms in limited:

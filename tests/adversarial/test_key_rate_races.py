@@ -68,7 +68,9 @@ def test_racing_claimers_never_pass_a_keys_rate_in_any_window():
     assert not errors, errors
     qid = Queue.objects.get(name=Q).id
     instants: dict[str, list[int]] = defaultdict(list)
-    for key, at in Job.objects.filter(queue_id=qid, claimed_at__isnull=False).values_list("concurrency_key", "claimed_at"):
+    for key, at in Job.objects.filter(queue_id=qid, claimed_at__isnull=False).values_list(
+        "concurrency_key", "claimed_at"
+    ):
         instants[key].append(at)
     assert set(keys) <= set(instants)
     for key in keys:
