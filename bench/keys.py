@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -154,9 +155,21 @@ def drain_case(case: str, args, i: int) -> dict:
     cmd = [sys.executable, "-m", "django", "fq_worker", "--queue", QUEUE, "--burst", "--no-progress",
            "--concurrency", str(args.concurrency)]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
+    if case == "bound":
+        # Not --burst: a burst worker ends once no job is ready, and a key out of tokens has none
+        # ready until its next token frees. Stopped (SIGTERM) once every job has succeeded.
+        cmd.remove("--burst")
     with open(log, "w") as fh:
         t0 = time.perf_counter()
-        code = subprocess.run(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, check=False).returncode
+        if case == "bound":
+            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
+            give_up = time.monotonic() + 300
+            while _succeeded() < n and time.monotonic() < give_up and proc.poll() is None:
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(60)
+        else:
+            code = subprocess.run(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, check=False).returncode
         wall = time.perf_counter() - t0
     with connection.cursor() as cur:
         cur.execute("SELECT COUNT(*), MIN(finished_at), MAX(finished_at) FROM django_fq_job WHERE state = 'succeeded'")
@@ -178,6 +191,16 @@ def drain_case(case: str, args, i: int) -> dict:
         row["share_of_allowed"] = round(3000 / span, 3) if span else float("nan")
         row["busiest_window"] = max(_most_in_window(v, 1000) for v in by_key.values())
     return row
+
+
+def _succeeded() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT COUNT(*) FROM django_fq_job WHERE state = 'succeeded'")
+        done = cur.fetchone()[0]
+    connection.close()
+    return done
 
 
 def _most_in_window(instants: list[int], window_ms: int) -> int:

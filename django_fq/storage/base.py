@@ -968,7 +968,9 @@ class Store(DependencySql, abc.ABC):
         where, params = ("AND queue_id = %s ", [queue_id]) if queue_id is not None else ("", [])
         with conn.cursor() as cur:
             cur.execute(
-                f"SELECT queue_id, concurrency_key FROM {KEY_TABLE} WHERE wake_at <= {now} {where}"
+                # The clock as a subquery: one value, so the (queue, wake_at) index range can start from it
+                # (PostgreSQL's clock_timestamp() is volatile: compared per row, it made this a scan of every key).
+                f"SELECT queue_id, concurrency_key FROM {KEY_TABLE} WHERE wake_at <= (SELECT {now}) {where}"
                 f"ORDER BY wake_at LIMIT %s",
                 [*params, limit],
             )
