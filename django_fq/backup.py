@@ -1015,10 +1015,10 @@ class _Importer:
                 )
             # Through the counters' one writer (it asks the store), whose ** mappings the SQL audit reviews.
             add_counters(conn, q.id, **q.totals, active=q.active, token_rows=q.tokens)
-            limit = manager(Queue).filter(id=q.id).values_list("key_concurrency", flat=True).first()
-            if q.keyed and limit:
-                # Imported as queued: held and admitted again in claim order, up to the limit.
-                slots.rebalance(conn, queue_id=q.id, queue=q.name, limit=limit)
+            limits = manager(Queue).filter(id=q.id).values_list("key_concurrency", "key_rate_limit").first()
+            if q.keyed and limits and any(limits):
+                # Imported as queued: held and admitted again in claim order, up to the limits.
+                slots.rebalance(conn, queue_id=q.id, queue=q.name)
             if q.active:
                 db.notify(conn, q.name)  # delivered at commit: idle workers look at once
 

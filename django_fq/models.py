@@ -105,6 +105,9 @@ class Queue(models.Model):
     # window of rate_window_ms, counted by the claim from the queue's RateLog; 0 = none.
     rate_limit = models.IntegerField(default=_DEFAULT.rate_limit, db_default=_DEFAULT.rate_limit)
     rate_window_ms = models.BigIntegerField(default=_DEFAULT.rate_window_ms, db_default=_DEFAULT.rate_window_ms)
+    # Per-key rate limit (docs/reference/semantics.md §9 "Per-key limits"): at most key_rate_limit
+    # claims of one concurrency key in any window of rate_window_ms, counted from KeyClaim; 0 = none.
+    key_rate_limit = models.IntegerField(default=_DEFAULT.key_rate_limit, db_default=_DEFAULT.key_rate_limit)
 
     class Meta:
         db_table = "django_fq_queue"
@@ -204,6 +207,12 @@ class Job(models.Model):
                 fields=["queue", "concurrency_key", "-priority", "seq"],
                 name="fq_job_key_held",
                 condition=Q(state="held"),
+            ),
+            # The admitted, not yet claimed jobs of a key: each holds one of its per-key rate tokens.
+            models.Index(
+                fields=["queue", "concurrency_key"],
+                name="fq_job_key_queued",
+                condition=Q(state="queued") & Q(concurrency_key__isnull=False),
             ),
         ]
         constraints = [
@@ -475,3 +484,34 @@ class RateLog(models.Model):
 
     def __str__(self) -> str:
         return f"claim {self.n} of queue {self.queue_id}"
+
+
+class KeyClaim(models.Model):
+    """One claim (epoch ms, database clock) of a job of concurrency key ``key`` in a queue with ``key_rate_limit``.
+
+    Written by the claim, in its transaction, for each keyed job it takes
+    while its queue has a per-key rate limit. A key's jobs are admitted to
+    the claim index only while its claims of the last ``rate_window_ms`` and
+    its admitted unclaimed (``queued``) jobs together stay under the limit,
+    so no window ever holds more claims of the key
+    (docs/reference/semantics.md §9 "Per-key limits"). Rows older than the
+    window are deleted by the key's next admission and by the reaper. No
+    database foreign key, as for ``Job.queue``: the stores delete the rows
+    with their queue.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False, db_constraint=False)
+    key = models.CharField(max_length=200, db_column="concurrency_key")
+    at = models.BigIntegerField(help_text="epoch ms, database clock, of the claim")
+
+    class Meta:
+        db_table = "django_fq_key_claim"
+        indexes = [
+            models.Index(fields=["queue", "key", "at"], name="fq_key_claim_key"),
+            # The reaper's prune of claims older than the window, queue by queue.
+            models.Index(fields=["queue", "at"], name="fq_key_claim_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"claim of key {self.key} of queue {self.queue_id} at {self.at}"

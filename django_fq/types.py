@@ -65,6 +65,9 @@ class QueuePolicy:
     #: (docs/reference/semantics.md §9 "Rate limits").
     rate_limit: int = 0
     rate_window_ms: int = 1000
+    #: Claims of one concurrency key allowed in any window of ``rate_window_ms``; 0 = none
+    #: (docs/reference/semantics.md §9 "Per-key limits").
+    key_rate_limit: int = 0
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ POLICY_BOUNDS = {
     "key_concurrency": (0, 100_000),
     "rate_limit": (0, 1_000_000),
     "rate_window_ms": (1, DAY_MS),
+    "key_rate_limit": (0, 1_000_000),
 }
 #: Longest enqueue delay, and furthest ``at`` from now: 10 years (docs/reference/semantics.md §9).
 MAX_DELAY_MS = 3653 * DAY_MS

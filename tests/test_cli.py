@@ -121,12 +121,12 @@ def test_config_sets_every_option_and_prints_the_policy():
         "config", Q,
         "--concurrency", 4, "--max-attempts", 3, "--backoff", 1000, "--max-backoff", 60000,
         "--visibility", 45000, "--idempotency-retention", 7000, "--timeout", 9000, "--key-concurrency", 2, "--ttl", 86400000,
-        "--rate-limit", 20, "--rate-window", 2000,
+        "--rate-limit", 20, "--rate-window", 2000, "--key-rate-limit", 3,
     )  # fmt: skip
     expected = {
         "queue": Q, "concurrency": 4, "max_attempts": 3, "backoff_ms": 1000, "max_backoff_ms": 60000,
         "visibility_ms": 45000, "idempotency_retention_ms": 7000, "timeout_ms": 9000, "key_concurrency": 2, "ttl_ms": 86400000,
-        "rate_limit": 20, "rate_window_ms": 2000,
+        "rate_limit": 20, "rate_window_ms": 2000, "key_rate_limit": 3,
     }  # fmt: skip
     assert got == expected
     assert ok("config", Q) == expected
@@ -860,6 +860,14 @@ def test_config_refuses_a_bad_rate_limit_by_its_option_and_writes_nothing():
     assert "--rate-limit" in err["message"] or "rate_limit" in err["message"]
     fails("config", Q, "--rate-window", 0, code="invalid_policy", field="rate_window_ms")
     assert services.policy(Q).rate_limit == 5 and services.policy(Q).rate_window_ms == 1000
+
+
+def test_config_refuses_a_bad_key_rate_limit_by_its_option_and_writes_nothing():
+    ok("config", Q, "--key-rate-limit", 5)
+    err = fails("config", Q, "--key-rate-limit", -1, code="invalid_policy", field="key_rate_limit")
+    assert "--key-rate-limit" in err["message"] or "key_rate_limit" in err["message"]
+    fails("config", Q, "--key-rate-limit", 1_000_001, code="invalid_policy", field="key_rate_limit")
+    assert services.policy(Q).key_rate_limit == 5
 
 
 def test_claim_says_when_the_rate_limit_lets_the_next_job_through():

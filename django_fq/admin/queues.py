@@ -40,13 +40,14 @@ _MEANING = {
     "ttl_ms": "the queue is deleted once it has been empty and idle this long, in ms; 0 = never",
     "key_concurrency": "most jobs of one concurrency key running at once; 0 = unlimited",
     "rate_limit": "claims allowed in any window of the rate window, across all workers; 0 = no rate limit",
-    "rate_window_ms": "the rate limit's sliding window, in ms",
+    "rate_window_ms": "the sliding window of the rate limit and of the per-key rate limit, in ms",
+    "key_rate_limit": "claims of one concurrency key allowed in any window of the rate window; 0 = no per-key rate limit",
 }
 
 
 def _help(name: str) -> str:
     lo, hi = POLICY_BOUNDS[name]
-    unit = "" if name in ("concurrency", "max_attempts", "key_concurrency", "rate_limit") else f" ({display.duration(lo)} – {display.duration(hi)})"
+    unit = "" if name in ("concurrency", "max_attempts", "key_concurrency", "rate_limit", "key_rate_limit") else f" ({display.duration(lo)} – {display.duration(hi)})"
     return f"{_MEANING[name]}. Allowed: {lo}–{hi}{unit}."
 
 

@@ -73,7 +73,11 @@ class PolicySerializer(serializers.Serializer):
         *POLICY_BOUNDS["key_concurrency"], help_text="jobs of one concurrency_key running at once; 0 = unlimited"
     )
     rate_limit = _int(*POLICY_BOUNDS["rate_limit"], help_text="claims allowed in any window of rate_window_ms; 0 = none")
-    rate_window_ms = _int(*POLICY_BOUNDS["rate_window_ms"], help_text="the rate limit's sliding window")
+    rate_window_ms = _int(*POLICY_BOUNDS["rate_window_ms"], help_text="the rate limits' sliding window")
+    key_rate_limit = _int(
+        *POLICY_BOUNDS["key_rate_limit"],
+        help_text="claims of one concurrency_key allowed in any window of rate_window_ms; 0 = none",
+    )
 
 
 class PolicyInputSerializer(serializers.Serializer):
@@ -91,6 +95,7 @@ class PolicyInputSerializer(serializers.Serializer):
     key_concurrency = _int(*POLICY_BOUNDS["key_concurrency"], required=False, allow_null=True)
     rate_limit = _int(*POLICY_BOUNDS["rate_limit"], required=False, allow_null=True)
     rate_window_ms = _int(*POLICY_BOUNDS["rate_window_ms"], required=False, allow_null=True)
+    key_rate_limit = _int(*POLICY_BOUNDS["key_rate_limit"], required=False, allow_null=True)
 
 
 class QueueConfigSerializer(PolicySerializer):

@@ -88,6 +88,12 @@ class QueueCollector:
             "The queue's key_concurrency policy: most jobs of one concurrency key running at once (0 = unlimited).",
             labels=["queue"],
         )
+        key_rate = GaugeMetricFamily(
+            "fq_queue_key_rate_limit_per_second",
+            "The queue's per-key rate limit: key_rate_limit claims of one concurrency key per rate_window_ms, "
+            "as claims per second (0 = no per-key rate limit).",
+            labels=["queue"],
+        )
         rate = GaugeMetricFamily(
             "fq_queue_rate_limit_per_second",
             "The queue's rate limit: rate_limit claims per rate_window_ms, as claims per second (0 = no rate limit).",
@@ -149,6 +155,7 @@ class QueueCollector:
             limit.add_metric([name], info.policy.concurrency)
             key_limit.add_metric([name], info.policy.key_concurrency)
             rate.add_metric([name], info.policy.rate_limit * 1000 / info.policy.rate_window_ms)
+            key_rate.add_metric([name], info.policy.key_rate_limit * 1000 / info.policy.rate_window_ms)
             _add(jobs, ready_age, overdue, totals, wait, run, name, values, age)
             paused.add_metric([name], values["paused"])
         if folded:
@@ -161,6 +168,7 @@ class QueueCollector:
         yield limit
         yield key_limit
         yield rate
+        yield key_rate
         yield paused
         yield ready_age
         yield overdue

@@ -244,7 +244,7 @@ def finished(conn, seqs: Sequence[int], outcome: str) -> None:
 def _release(conn, released: list[dict]) -> None:
     """Jobs ``released`` (as ``count_down`` returns them) are queued now: wake their queues' workers.
 
-    A keyed job of a queue with ``key_concurrency`` enters its key's admission
+    A keyed job of a queue with ``key_concurrency`` or ``key_rate_limit`` enters its key's admission
     as a new keyed job does (docs/reference/semantics.md §9 "Dependencies"):
     held, or admitted while its key has room, in this transaction
     (:func:`~django_fq.services.keys.admit_released`).

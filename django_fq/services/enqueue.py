@@ -405,8 +405,11 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool, create: bool = 
         _lock_keys(conn, q.id, {items[i].unique_key for i in new})
         keyed_new = [i for i in new if items[i].concurrency_key is not None and i not in states]
         if keyed_new:  # admitted to their key's slots, or held (services.keys)
-            admission, key_limit, key_rows = slots.plan_enqueue(
-                conn, queue_id=q.id, limit=q.key_concurrency, jobs=_due(conn, now, items, keyed_new)
+            admission, key_policy, key_rows = slots.plan_enqueue(
+                conn,
+                queue_id=q.id,
+                limited=q.key_concurrency > 0 or q.key_rate_limit > 0,
+                jobs=_due(conn, now, items, keyed_new),
             )
             states.update(admission)
         created = _insert_jobs(conn, now, q.id, pol, items, uids, new, states)
@@ -443,7 +446,7 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool, create: bool = 
         admitted = Counter(
             items[i].concurrency_key for i in keyed_new if states[i] == "queued" and uids[i] in created
         )
-        slots.finish_enqueue(conn, queue_id=q.id, queue=queue, limit=key_limit, rows=key_rows, admitted=admitted)
+        slots.finish_enqueue(conn, queue_id=q.id, queue=queue, policy=key_policy, rows=key_rows, admitted=admitted)
 
     if new:  # the new jobs' enqueue times, as the database wrote them
         results = [EnqueueResult(r.id, True, created[r.id]) if r.created else r for r in results]

@@ -240,7 +240,7 @@ def retry(queue: str, job_id: str) -> JobInfo:
         try:
             with transaction.atomic(using=conn.alias):
                 # A keyed job of a queue with a key limit waits held, then is admitted in order.
-                keyed = job.concurrency_key is not None and q.key_concurrency > 0
+                keyed = job.concurrency_key is not None and (q.key_concurrency > 0 or q.key_rate_limit > 0)
                 manager(Job).filter(seq=job.seq).update(
                     state="held" if keyed else "queued",
                     attempts=0,

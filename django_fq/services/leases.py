@@ -417,11 +417,11 @@ def _claim_once(
     if reap:
         expire_leases(conn, queue_id=queue_id, limit=CLAIM_REAP_BATCH)
     with conn.cursor() as cur:
-        read = f"SELECT concurrency, rate_limit, rate_window_ms, key_concurrency FROM {QUEUE} WHERE id = %s"
+        read = f"SELECT concurrency, rate_limit, rate_window_ms, key_concurrency, key_rate_limit FROM {QUEUE} WHERE id = %s"
         cur.execute(read, [queue_id])
         row = cur.fetchone()
         store = storage.for_connection(conn)
-        if (row is None or (row[0] == 0 and row[1] == 0 and row[3] == 0)) and store.may_read_stale(conn):
+        if (row is None or not any((row[0], row[1], row[3], row[4]))) and store.may_read_stale(conn):
             # A caller's older snapshot may predate a configure() that set a limit (or the
             # queue): read the newest commit. Shared, so other claims and enqueues of an
             # unlimited queue pass; a limit read here (or in the snapshot) makes take_jobs
@@ -430,11 +430,11 @@ def _claim_once(
             row = cur.fetchone()
         if row is None:
             raise QueueNotFound(f"no such queue: {queue}", field="queue")
-        if reap and row[3] > 0:
+        if reap and (row[3] > 0 or row[4] > 0):
             # Held jobs of keys with room that became due: admitted before the jobs are taken.
             due = store.due_keys(conn, now=db.now_sql(conn), queue_id=queue_id, limit=slots.WAKE_BATCH)
             if due:
-                slots.admit(conn, queue_id=queue_id, queue=None, keys=[k for _, k in due], create=False)
+                slots.admit(conn, queue_id=queue_id, queue=None, keys=[k for _, k in due], create=False, skip_locked=True)
         gate = RateGate(limit=row[1], window_ms=row[2])
         rows = storage.for_connection(conn).take_jobs(
             conn,
@@ -448,6 +448,9 @@ def _claim_once(
         jobs = _rate_waited(gate, len(rows))
         if not rows:
             return jobs
+        if row[4] > 0:
+            # A per-key rate limit: each keyed claim holds its key's token for one window (services.keys).
+            store.log_key_claims(conn, queue_id=queue_id, seqs=[r["seq"] for r in rows])
         rows.sort(key=lambda r: (-r["priority"], r["seq"]))
         payloads.fill(conn, rows, latest=True)  # no round trip unless some payload was offloaded
         leases, lease_params = [], []
@@ -792,9 +795,11 @@ def release(queue: str, receipt: str, *, error: str | None = None, delay_ms: int
         _end_lease(conn, lease)
         outcome = {"state": "scheduled" if run_at > now else "ready", "run_at": run_at}
         # A snoozed keyed job waits held, without its slot, in a queue with a key limit (read
-        # under the key's lock, after the lease's: a configure() of it is done or waits).
+        # under the key's lock, after the lease's: a configure() of it is done or waits); with a
+        # per-key rate limit even without a delay: it needs a rate token again.
         key = lease.get("concurrency_key")
-        held = key is not None and run_at > now and store.lock_keys(conn, q.id, [key], create=False)[0] > 0
+        limits = store.lock_keys(conn, q.id, [key], create=False)[0] if key is not None else None
+        held = limits is not None and limits.on and (run_at > now or limits.rate > 0)
         manager(Job).filter(seq=lease["job_id"]).update(
             state="held" if held else "queued",
             run_at=run_at,
@@ -1045,7 +1050,8 @@ def fail_attempt(
     comes down to it: here, or by the caller when it passes ``requeued`` (a
     list this appends ``(queue_id, priority, seq)`` to, for one statement over a batch).
     In a queue with ``key_concurrency``, a keyed job going back with a delay is
-    held (docs/reference/semantics.md §9 "Per-key limits"), and a keyed job held or dead gives its key's
+    held (docs/reference/semantics.md §9 "Per-key limits"), with ``key_rate_limit``
+    any keyed job going back, and a keyed job held or dead gives its key's
     slot back: here, or by the caller when it passes ``freed`` (a list this
     appends ``(queue_id, key)`` to).
     Returns the outcome ``{"state", "run_at"}``.
@@ -1054,7 +1060,7 @@ def fail_attempt(
     history = () if history_on_server(conn) else ("errors",)
     job = _fresh_job(conn, lease["job_id"], "attempts", "max_attempts", "priority", "concurrency_key", *history)
     # Read after the lease lock: a configure() of the limit is done (and seen) or waits for this.
-    key = job.concurrency_key if job.queue.key_concurrency > 0 else None
+    key = job.concurrency_key if job.queue.key_concurrency > 0 or job.queue.key_rate_limit > 0 else None
     held = False
     dead = permanent or job.attempts >= job.max_attempts
     now = lease["now"]
@@ -1074,8 +1080,9 @@ def fail_attempt(
         delay = backoff_ms(policy_of(job.queue), job.attempts) if delay_ms is None else delay_ms
         run_at = base_ms + delay
         outcome = {"state": "scheduled" if run_at > now else "ready", "run_at": run_at}
-        # A delayed keyed job waits held, without its slot: the key's ready jobs go first.
-        held = key is not None and run_at > now
+        # A delayed keyed job waits held, without its slot: the key's ready jobs go first. With a
+        # per-key rate limit it is held even when due: admitted again only with a free rate token.
+        held = key is not None and (run_at > now or slots.requeue_held(job.queue))
         changes.update(state="held" if held else "queued", run_at=run_at)
     changes["settled_outcome"] = outcome
     changes["settled_args"] = settled_args

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import db, storage, validation
 from ..exceptions import InvalidPolicy, QueueNotFound
+from ..models import Queue
 from ..types import STATE_NAMES, PauseResult, QueueInfo, QueuePolicy
 from . import keys as slots
 from ._base import (
@@ -13,6 +14,7 @@ from ._base import (
     REPORTED_STATE_SQL,
     get_or_create_queue,
     get_queue,
+    manager,
     policy_of,
 )
 
@@ -29,12 +31,18 @@ def configure(queue: str, **changes: int) -> QueuePolicy:
     (1 ms–24 h), ``idempotency_retention_ms`` (1 ms–30 days), ``timeout_ms``
     (0–7 days, 0 = none), ``key_concurrency`` (0–100000, 0 = unlimited: most
     running jobs per concurrency key, docs/reference/semantics.md §9 "Per-key limits"),
+    ``key_rate_limit`` (0–1000000, 0 = none: most claims of one concurrency
+    key in any window of ``rate_window_ms``, same section), ``rate_limit``
+    (0–1000000) and ``rate_window_ms`` (1 ms–24 h),
     ``ttl_ms`` (0–365 days, 0 = none: see :func:`expire_idle_queues`); ``None``
     values are ignored. All values are checked before anything is written; a
     change counts as activity of the queue for its time to live. Returns the
-    resulting policy. A change of ``key_concurrency`` waits for the queue's
-    enqueues in progress and recounts its waiting keyed jobs in the same
-    transaction (:func:`~django_fq.services.keys.rebalance`).
+    resulting policy. The queue row is read under an update lock, so
+    concurrent configures (and enqueues in progress) go one after the other.
+    A change of ``key_concurrency`` or ``key_rate_limit`` (or of
+    ``rate_window_ms`` while ``key_rate_limit`` is set) waits for the
+    queue's enqueues in progress and recounts its waiting keyed jobs in the
+    same transaction (:func:`~django_fq.services.keys.rebalance`).
 
     Raises :class:`InvalidQueueName`, :class:`InvalidPolicy` (naming the field).
     """
@@ -49,19 +57,25 @@ def configure(queue: str, **changes: int) -> QueuePolicy:
         validation.integer(value, name, lo, hi, InvalidPolicy)
 
     def apply():
-        q = get_or_create_queue(queue)
+        created = get_or_create_queue(queue)
+        # Read again under the row's update lock: two configures, or a configure and an enqueue
+        # (which holds the row shared), then go one after the other, and the old limits compared
+        # below are the newest commit's (a plain read could be an older snapshot's).
+        q = manager(Queue).select_for_update().get(id=created.id)
         merged = {**{f: getattr(q, f) for f in POLICY_FIELDS}, **changes}
         if merged["max_backoff_ms"] < merged["backoff_ms"]:
             raise InvalidPolicy("max_backoff_ms must be at least backoff_ms", field="max_backoff_ms")
-        old_limit = q.key_concurrency
+        old = (q.key_concurrency, q.key_rate_limit, q.rate_window_ms)
         if changes:
             for name, value in changes.items():
                 setattr(q, name, value)
             q.active_at = db.DbNow()
             q.save(using=db.connection().alias, update_fields=[*changes, "active_at"])
-        if "key_concurrency" in changes and changes["key_concurrency"] != old_limit:
-            # The jobs waiting for their keys' slots, counted again for the new limit (services.keys).
-            slots.rebalance(db.connection(), queue_id=q.id, queue=queue, limit=changes["key_concurrency"])
+        new = (q.key_concurrency, q.key_rate_limit, q.rate_window_ms)
+        window_matters = q.key_rate_limit > 0 and new[2] != old[2]
+        if new[:2] != old[:2] or window_matters:
+            # The jobs waiting for their keys' slots and tokens, counted again for the new limits (services.keys).
+            slots.rebalance(db.connection(), queue_id=q.id, queue=queue, seed=old[1] == 0 and new[1] > 0)
         return policy_of(q)
 
     return db.retrying(apply)

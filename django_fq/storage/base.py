@@ -19,7 +19,7 @@ import abc
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from .dependencies import DependencySql
 
@@ -40,6 +40,8 @@ KEY_TABLE = "django_fq_key"
 #: :class:`~django_fq.models.RateLog`; docs/reference/semantics.md §9 "Rate limits").
 RATE_TABLE = "django_fq_rate"
 RATE_LOG_TABLE = "django_fq_rate_log"
+#: The per-key claim log of a queue with ``key_rate_limit`` (:class:`~django_fq.models.KeyClaim`).
+KEY_CLAIM_TABLE = "django_fq_key_claim"
 #: What a job row's ``payload`` column holds when its body is in :data:`PAYLOAD_TABLE`: no JSON
 #: text is empty, so the marker cannot be mistaken for a payload (``payload_size`` keeps the body's size).
 OFFLOADED = ""
@@ -51,6 +53,24 @@ TAKEN_COLUMNS = (
     "seq", "uid", "payload", "generation", "attempts", "max_attempts", "priority", "enqueued_at", "run_at",
     "timeout_ms", "claimed_at", "metadata",
 )
+
+
+class KeyPolicy(NamedTuple):
+    """A queue's per-key limits as a writer read them under its key locks (docs/reference/semantics.md §9).
+
+    ``concurrency``: ``key_concurrency`` (0 = none); ``rate``: ``key_rate_limit``
+    (claims of one key in any window of ``window_ms``, the queue's
+    ``rate_window_ms``; 0 = none). All 0 for a queue gone.
+    """
+
+    concurrency: int = 0
+    rate: int = 0
+    window_ms: int = 1000
+
+    @property
+    def on(self) -> bool:
+        """True when the queue admits its keyed jobs (either limit set): they then wait ``held`` for room."""
+        return self.concurrency > 0 or self.rate > 0
 
 
 @dataclass
@@ -733,32 +753,43 @@ class Store(DependencySql, abc.ABC):
         """The DDL migration 0008 adds on this backend besides the models' own (empty here: the models' hold)."""
         return []
 
-    def lock_keys(self, conn: Any, queue_id: int, keys: Sequence[str], *, create: bool) -> tuple[int, dict[str, dict]]:
+    def key_rate_schema_sql(self, conn: Any, *, reverse: bool = False) -> list[str]:
+        """The DDL migration 0012 adds on this backend besides the models' own (empty here: the models' hold)."""
+        return []
+
+    def lock_keys(
+        self, conn: Any, queue_id: int, keys: Sequence[str], *, create: bool, skip_locked: bool = False
+    ) -> tuple[KeyPolicy, dict[str, dict]]:
         """Inside a write transaction: lock the key rows ``keys`` of queue ``queue_id``, in key order.
 
         With ``create``, rows missing are inserted first (``admitted`` 0).
-        Returns ``(limit, rows)``: the queue's ``key_concurrency`` read after
+        ``skip_locked`` (a claim's wake): rows another transaction holds are
+        left out (it is admitting that key now), so the claim never waits on them.
+        Returns ``(policy, rows)``: the queue's :class:`KeyPolicy` read after
         the locks are granted (so a ``configure()`` that held them is seen;
-        0 also for a queue gone), and ``{key: {"id", "admitted", "wake_at"}}``.
+        all 0 for a queue gone), and ``{key: {"id", "admitted", "wake_at"}}``.
         Two round trips (three with ``create``).
         """
         with conn.cursor() as cur:
             if create and keys:
                 self._insert_keys(cur, queue_id, keys)
             rows: dict[str, dict] = {}
+            skip = " SKIP LOCKED" if skip_locked and self.update_lock_sql else ""
             if keys:
                 marks = ", ".join(["%s"] * len(keys))
                 cur.execute(
                     f"SELECT id, concurrency_key, admitted, wake_at FROM {KEY_TABLE} WHERE queue_id = %s "
-                    f"AND concurrency_key IN ({marks}) ORDER BY concurrency_key{self.update_lock_sql}",
+                    f"AND concurrency_key IN ({marks}) ORDER BY concurrency_key{self.update_lock_sql}{skip}",
                     [queue_id, *keys],
                 )
                 rows = {k: {"id": i, "admitted": a, "wake_at": w} for i, k, a, w in cur.fetchall()}
             cur.execute(
-                f"SELECT key_concurrency FROM {QUEUE_TABLE} WHERE id = %s{self.fresh_read_sql(conn)}", [queue_id]
+                f"SELECT key_concurrency, key_rate_limit, rate_window_ms FROM {QUEUE_TABLE} "
+                f"WHERE id = %s{self.fresh_read_sql(conn)}",
+                [queue_id],
             )
             found = cur.fetchone()
-        return (found[0] if found else 0), rows
+        return (KeyPolicy(int(found[0]), int(found[1]), int(found[2])) if found else KeyPolicy()), rows
 
     def _insert_keys(self, cur: Any, queue_id: int, keys: Sequence[str]) -> None:
         cur.execute(
@@ -766,6 +797,102 @@ class Store(DependencySql, abc.ABC):
             f"ON CONFLICT DO NOTHING",
             [v for k in keys for v in (queue_id, k)],
         )
+
+    def key_rate_use(
+        self, conn: Any, *, now: str, queue_id: int, keys: Sequence[str], window_ms: int
+    ) -> dict[str, tuple[int, list[int], int]]:
+        """Under the key rows' locks: the rate tokens each key of ``keys`` holds now (per-key rate limit).
+
+        Returns ``{key: (queued, instants, now_ms)}``: ``queued``, the key's
+        admitted jobs not claimed yet (each holds a token until its claim);
+        ``instants``, ascending, the key's claims of the last ``window_ms``
+        (strictly after now − window, database clock: a claim exactly one
+        window old no longer counts), each holding a token until it is one
+        window old; ``now_ms`` that clock. The job rows are read first and the
+        log after, both as of the newest commit (a locking read where a
+        transaction may see an older snapshot), so a claim committing in
+        between (which makes its job running and logs it) is counted once or,
+        seen by both reads, twice: never missed, so the limit is never passed.
+        Claims older than the window are deleted. Three round trips.
+        """
+        if not keys:
+            return {}
+        marks = ", ".join(["%s"] * len(keys))
+        fresh = self.fresh_read_sql(conn)
+        with conn.cursor() as cur:
+            # Rows, not COUNT(*): a locking read cannot aggregate. At most the limit per key.
+            cur.execute(
+                f"SELECT concurrency_key FROM {JOB_TABLE} WHERE queue_id = %s AND state = 'queued' "
+                f"AND concurrency_key IN ({marks}){fresh}",
+                [queue_id, *keys],
+            )
+            queued: dict[str, int] = {}
+            for (k,) in cur.fetchall():
+                queued[k] = queued.get(k, 0) + 1
+            cur.execute(
+                f"SELECT concurrency_key, at, {now} FROM {KEY_CLAIM_TABLE} WHERE queue_id = %s "
+                f"AND concurrency_key IN ({marks}) AND at > {now} - %s ORDER BY concurrency_key, at{fresh}",
+                [queue_id, *keys, window_ms],
+            )
+            found = cur.fetchall()
+            clock = int(found[0][2]) if found else None
+            cur.execute(
+                f"DELETE FROM {KEY_CLAIM_TABLE} WHERE queue_id = %s AND concurrency_key IN ({marks}) "
+                f"AND at <= {now} - %s",
+                [queue_id, *keys, window_ms],
+            )
+            if clock is None:
+                cur.execute(f"SELECT {now}")
+                clock = int(cur.fetchone()[0])
+        instants: dict[str, list[int]] = {}
+        for key, at, _ in found:
+            instants.setdefault(key, []).append(int(at))
+        return {k: (queued.get(k, 0), instants.get(k, []), clock) for k in keys}
+
+    def log_key_claims(self, conn: Any, *, queue_id: int, seqs: Sequence[int]) -> None:
+        """In the claim's transaction: log the claim of each keyed job of ``seqs`` (just taken) at its ``claimed_at``.
+
+        Only for a queue with a per-key rate limit; unkeyed jobs write nothing. One round trip.
+        """
+        if not seqs:
+            return
+        with conn.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO {KEY_CLAIM_TABLE} (queue_id, concurrency_key, at) SELECT queue_id, concurrency_key, "
+                f"claimed_at FROM {JOB_TABLE} WHERE seq IN ({', '.join(['%s'] * len(seqs))}) "
+                f"AND concurrency_key IS NOT NULL",
+                list(seqs),
+            )
+
+    def seed_key_claims(self, conn: Any, *, now: str, queue_id: int, window_ms: int) -> int:
+        """When a per-key rate limit is switched on: log the claims of the queue's running keyed jobs of the last window.
+
+        Inside the configure's transaction, after :meth:`key_census` locked
+        them, so a claim that committed before it (reading the limit as 0,
+        hence logging nothing) is counted. Returns the rows written. One round trip.
+        """
+        with conn.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO {KEY_CLAIM_TABLE} (queue_id, concurrency_key, at) SELECT queue_id, concurrency_key, "
+                f"claimed_at FROM {JOB_TABLE} WHERE queue_id = %s AND state = 'running' "
+                f"AND concurrency_key IS NOT NULL AND claimed_at > {now} - %s",
+                [queue_id, window_ms],
+            )
+            return max(0, cur.rowcount)
+
+    def delete_key_claims(self, conn: Any, *, queue_id: int, older_than_ms: int | None = None, now: str = "") -> int:
+        """Delete queue ``queue_id``'s per-key claim log: all of it, or only claims at or before now − ``older_than_ms``.
+
+        One round trip; returns the rows deleted.
+        """
+        with conn.cursor() as cur:
+            if older_than_ms is None:
+                cur.execute(f"DELETE FROM {KEY_CLAIM_TABLE} WHERE queue_id = %s", [queue_id])
+            else:
+                cur.execute(
+                    f"DELETE FROM {KEY_CLAIM_TABLE} WHERE queue_id = %s AND at <= {now} - %s", [queue_id, older_than_ms]
+                )
+            return max(0, cur.rowcount)
 
     def admit_held(self, conn: Any, *, now: str, queue_id: int, rooms: dict[str, int]) -> list[tuple[str, int, int]]:
         """Make up to ``rooms[key]`` due held jobs of each key of queue ``queue_id`` queued, in claim order.
@@ -841,7 +968,9 @@ class Store(DependencySql, abc.ABC):
         where, params = ("AND queue_id = %s ", [queue_id]) if queue_id is not None else ("", [])
         with conn.cursor() as cur:
             cur.execute(
-                f"SELECT queue_id, concurrency_key FROM {KEY_TABLE} WHERE wake_at <= {now} {where}"
+                # The clock as a subquery: one value, so the (queue, wake_at) index range can start from it
+                # (PostgreSQL's clock_timestamp() is volatile: compared per row, it made this a scan of every key).
+                f"SELECT queue_id, concurrency_key FROM {KEY_TABLE} WHERE wake_at <= (SELECT {now}) {where}"
                 f"ORDER BY wake_at LIMIT %s",
                 [*params, limit],
             )
@@ -851,12 +980,13 @@ class Store(DependencySql, abc.ABC):
         """Inside a write transaction holding the queue row exclusively: lock and list the queue's keyed active jobs.
 
         The leases of its keyed running jobs are locked first (the settles'
-        order: lease, then job), then its keyed ``queued``, ``running`` and
-        ``waiting`` jobs; so a settle, a claim, a cancel or the release of a
-        waiting job (which reads the limit after its lock: it then admits by
-        the new one) in flight is waited for, and the states returned are the newest. Returns ``(seq, key, state,
-        priority, run_at)`` of each keyed ``queued``, ``running`` or ``held``
-        job (held ones unlocked). Three round trips.
+        order: lease, then job), then its keyed ``queued``, ``running``,
+        ``waiting`` and ``held`` jobs; so a settle, a claim, a cancel, an
+        admission of a held job (a wake) or the release of a waiting job
+        (which reads the limit after its lock: it then admits by the new one)
+        in flight is waited for, and the states returned are the newest.
+        Returns ``(seq, key, state, priority, run_at)`` of each keyed
+        ``queued``, ``running`` or ``held`` job. Three round trips.
         """
         lock = self.update_lock_sql
         with conn.cursor() as cur:
@@ -867,8 +997,8 @@ class Store(DependencySql, abc.ABC):
             )
             cur.fetchall()
             cur.execute(
-                f"SELECT seq FROM {JOB_TABLE} WHERE queue_id = %s AND state IN ('queued', 'running', 'waiting') "
-                f"AND concurrency_key IS NOT NULL ORDER BY seq{lock}",
+                f"SELECT seq FROM {JOB_TABLE} WHERE queue_id = %s "
+                f"AND state IN ('queued', 'running', 'waiting', 'held') AND concurrency_key IS NOT NULL ORDER BY seq{lock}",
                 [queue_id],
             )
             cur.fetchall()
@@ -1241,6 +1371,7 @@ class Store(DependencySql, abc.ABC):
         """
         tables: tuple[str, ...] = (
             JOB_TABLE, LEASE_TABLE, TOKEN_TABLE, COUNTER_TABLE, KEY_TABLE, RATE_TABLE, RATE_LOG_TABLE,
+            KEY_CLAIM_TABLE,
         )  # fmt: skip
         if self.supports_claim_floor:
             tables += (FLOOR_TABLE,)

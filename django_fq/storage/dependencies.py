@@ -162,8 +162,8 @@ class DependencySql:
         two finishers of one job's last two dependencies release it exactly
         once: the second sees the first's count. Returns the jobs released:
         dicts of ``seq``, ``uid``, ``queue_id``, ``queue`` (name),
-        ``priority``, ``concurrency_key`` and the queue's ``key_concurrency``
-        (read plainly: a ``configure()`` of it locks waiting keyed jobs too, so
+        ``priority``, ``concurrency_key`` and, as ``key_concurrency``, the
+        queue's ``key_concurrency`` + ``key_rate_limit`` (above 0: it admits its keyed jobs; read plainly: a ``configure()`` of it locks waiting keyed jobs too, so
         it waits for this transaction or this for it; see ``key_census``).
         Three round trips (more past 500 jobs).
         """
@@ -181,7 +181,7 @@ class DependencySql:
                     )
             found = self._select_in(
                 cur,
-                f"SELECT j.seq, j.uid, j.queue_id, q.name, j.priority, j.concurrency_key, q.key_concurrency "
+                f"SELECT j.seq, j.uid, j.queue_id, q.name, j.priority, j.concurrency_key, q.key_concurrency + q.key_rate_limit "
                 f"FROM {_JOB} j JOIN {_QUEUE} q ON q.id = j.queue_id "
                 f"WHERE {{where}} AND j.state = 'waiting' AND j.waiting_on <= 0",
                 "j.seq",

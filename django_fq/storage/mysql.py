@@ -26,6 +26,7 @@ from .base import (
     CLEAR_PROGRESS_SQL,
     COUNTER_TABLE,
     JOB_TABLE,
+    KEY_CLAIM_TABLE,
     KEY_TABLE,
     LEASE_COLUMNS,
     LEASE_TABLE,
@@ -453,6 +454,18 @@ class MysqlStore(Store):
             f"ALTER TABLE {KEY_TABLE} MODIFY concurrency_key varchar(200){collate} NOT NULL",
         ]
 
+    def key_rate_schema_sql(self, conn: Any, *, reverse: bool = False) -> list[str]:
+        """Migration 0012 here: the claim log's key column binary (keys compare byte for byte), and no
+        ``fq_job_key_queued``: ``fq_job_key_held`` (queue, state, key, …) serves its reads. Reverse: the index
+        back, plain, for Django's reverse of it to drop."""
+        if reverse:
+            return [f"ALTER TABLE {JOB_TABLE} ADD INDEX fq_job_key_queued (queue_id, concurrency_key)"]
+        collate = f" CHARACTER SET utf8mb4 COLLATE {self.binary_collation(conn)}"
+        return [
+            f"ALTER TABLE {JOB_TABLE} DROP INDEX fq_job_key_queued",
+            f"ALTER TABLE {KEY_CLAIM_TABLE} MODIFY concurrency_key varchar(200){collate} NOT NULL",
+        ]
+
     def _active_key_parts(self, conn: Any, states: str) -> list[str]:
         """``ALTER TABLE`` parts that rebuild the active-unique-key column for ``states`` (SQL text), and its index.
 
@@ -604,7 +617,7 @@ class MysqlStore(Store):
                 f"SELECT q.id, q.visibility_ms, NOT q.paused AND EXISTS (SELECT 1 FROM {JOB_TABLE} j "
                 f"FORCE INDEX (fq_job_claim) WHERE j.queue_id = q.id AND j.state = 'queued' AND j.run_at <= {now}), "
                 f"COALESCE((SELECT MIN(l.deadline) FROM {LEASE_TABLE} l WHERE l.queue_id = q.id) <= {now}, 0) "
-                f"OR (q.key_concurrency > 0 AND EXISTS (SELECT 1 FROM {KEY_TABLE} k WHERE k.queue_id = q.id "
+                f"OR ((q.key_concurrency > 0 OR q.key_rate_limit > 0) AND EXISTS (SELECT 1 FROM {KEY_TABLE} k WHERE k.queue_id = q.id "
                 f"AND k.wake_at <= {now})) "
                 f"FROM {QUEUE_TABLE} q WHERE q.name = %s",
                 [queue_name],
@@ -1106,7 +1119,9 @@ class MysqlStore(Store):
             cur.fetchall()
             self._delete_queue_bodies(cur, queue_id)
             self.delete_queue_dependencies(conn, queue_id)
-            for table in (LEASE_TABLE, JOB_TABLE, TOKEN_TABLE, COUNTER_TABLE, KEY_TABLE, RATE_TABLE, RATE_LOG_TABLE):
+            for table in (
+                LEASE_TABLE, JOB_TABLE, TOKEN_TABLE, COUNTER_TABLE, KEY_TABLE, RATE_TABLE, RATE_LOG_TABLE, KEY_CLAIM_TABLE,
+            ):  # fmt: skip
                 cur.execute(f"DELETE FROM {table} WHERE queue_id = %s", [queue_id])
             cur.execute(f"DELETE FROM {QUEUE_TABLE} WHERE id = %s", [queue_id])
 

@@ -43,7 +43,8 @@ _ACKED_JSON = ACKED_JSON
 
 # The claim on PostgreSQL as one statement (autocommit makes it atomic): look the
 # queue up; if it has no limit (``limited``: a concurrency or a rate limit, which take
-# take_jobs under the queue row's lock) and no expired lease to handle first
+# take_jobs under the queue row's lock, or a per-key rate limit, whose claims log their keyed
+# jobs: services.keys) and no expired lease to handle first
 # (``go``), lock up to n eligible jobs in claim order (FOR UPDATE SKIP LOCKED), keep
 # those within the payload cap, mark them running, write their leases and add to
 # the counters. Every row carries the queue's facts, so the caller can take the
@@ -60,7 +61,7 @@ _ACKED_JSON = ACKED_JSON
 # claim time (``c2``) is read after the job locks, so after this transaction has its id:
 # the floor's lease rule relies on it (docs/explanation/storage.md#the-claim-floor).
 # ``expired`` also says that a held job of a key with room has become due (a queue with
-# key_concurrency only; the CASE reads nothing otherwise): the slower path admits it first.
+# key_concurrency or key_rate_limit only; the CASE reads nothing otherwise): the slower path admits it first.
 # A queue with key_concurrency reads its jobs in one band (``keyed``, through ``gk``), not the
 # floor's three (``gp``): its held jobs sit at old sequence numbers, admitting one lowers the
 # floor to it, and from a low floor the planner read the ``at_floor`` band in primary-key order,
@@ -75,7 +76,8 @@ _ACKED_JSON = ACKED_JSON
 # 139,000 buffers, 50-140 ms a claim); the two bounds leave the claim index the only ordered path.
 _CLAIM_PG = """
 WITH q0 AS (
-    SELECT id, concurrency > 0 OR rate_limit > 0 AS limited, visibility_ms, paused, key_concurrency
+    SELECT id, concurrency > 0 OR rate_limit > 0 OR key_rate_limit > 0 AS limited, visibility_ms, paused,
+        key_concurrency + key_rate_limit AS key_concurrency
     FROM {queue} WHERE name = %(name)s),
 fl AS (
     SELECT COALESCE(MAX(f.priority), 0) AS p, COALESCE(MAX(f.seq), 0) AS s, COALESCE(MAX(f.lease_from), 0) AS lf

@@ -133,7 +133,9 @@ class FqTask(tasks.Task):
     ``max_attempts``, ``timeout_ms`` and ``idempotency_retention_ms`` are
     integers with the bounds of the queue policy; ``unique_key``,
     ``idempotency`` and ``concurrency_key`` (at most the queue's
-    ``key_concurrency`` jobs of one key run at once, e.g.
+    ``key_concurrency`` jobs of one key run at once, and at most its
+    ``key_rate_limit`` of them are claimed in any ``rate_window_ms``; those
+    two are queue policy, set with ``configure()``, not task options; e.g.
     ``concurrency_key="customer-{customer_id}"``) are a ``str.format`` template over the call's arguments
     (``{0}``, ``{user_id}``, ``{task}`` for the task's path) or a callable
     taking the task's ``*args, **kwargs`` and returning a string (or ``None``

@@ -133,6 +133,13 @@ def test_policy_edit_goes_through_configure(root_client, queue):
     assert (policy.rate_limit, policy.rate_window_ms) == (10, 500)
 
 
+def test_the_policy_form_sets_key_rate_limit(root_client, queue):
+    url = CHANGE.format(queue_pk(queue))
+    response = root_client.post(url, _policy_post(queue, key_rate_limit=4, rate_window_ms=2000))
+    assert response.status_code == 302, response.context and response.context["adminform"].form.errors
+    assert (fq.policy(queue).key_rate_limit, fq.policy(queue).rate_window_ms) == (4, 2000)
+
+
 def test_the_policy_form_sets_key_concurrency_and_refuses_it_out_of_bounds(root_client, queue):
     url = CHANGE.format(queue_pk(queue))
     response = root_client.post(url, _policy_post(queue, key_concurrency=2))
@@ -152,6 +159,7 @@ def test_the_policy_form_sets_key_concurrency_and_refuses_it_out_of_bounds(root_
         ({"visibility_ms": 0}, "visibility_ms", "visibility_ms must be between 1 and 86400000"),
         ({"rate_limit": 1_000_001}, "rate_limit", "rate_limit must be between 0 and 1000000"),
         ({"rate_window_ms": 0}, "rate_window_ms", "rate_window_ms must be between 1 and 86400000"),
+        ({"key_rate_limit": 1_000_001}, "key_rate_limit", "key_rate_limit must be between 0 and 1000000"),
         ({"backoff_ms": 5_000, "max_backoff_ms": 4_000}, "max_backoff_ms", "max_backoff_ms must be at least backoff_ms"),
     ],
 )

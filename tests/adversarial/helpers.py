@@ -126,7 +126,7 @@ class repeatable_read:
 
 
 #: The claim's first read of the queue's limits (services.leases._claim_once), before any lock.
-LIMITS_READ = "SELECT concurrency, rate_limit, rate_window_ms, key_concurrency FROM"
+LIMITS_READ = "SELECT concurrency, rate_limit, rate_window_ms, key_concurrency, key_rate_limit FROM"
 
 
 @contextlib.contextmanager

@@ -33,6 +33,7 @@ POLICY_DEFAULTS = {
     "key_concurrency": 0,
     "rate_limit": 0,
     "rate_window_ms": 1000,
+    "key_rate_limit": 0,
 }
 EPOCH_2020_MS = 1_577_836_800_000
 

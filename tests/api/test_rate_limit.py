@@ -25,6 +25,23 @@ def test_the_policy_fields_go_through_put_patch_and_get(api):
     assert info["policy"]["rate_limit"] == 0
 
 
+def test_key_rate_limit_goes_through_patch_get_and_put(api):
+    r = api.patch(url("queue", Q), {"key_rate_limit": 4}, content_type="application/json")
+    assert r.status_code == 201, r.content
+    assert r.json()["key_rate_limit"] == 4
+    assert api.get(url("queue", Q)).json()["key_rate_limit"] == 4
+    r = api.put(url("queue", Q), {"max_attempts": 3}, content_type="application/json")
+    assert r.json()["key_rate_limit"] == 0
+
+
+@pytest.mark.parametrize("value", [-1, 1_000_001, "x", 1.5])
+def test_a_bad_key_rate_limit_is_a_400_naming_it_and_writes_nothing(api, value):
+    services.configure(Q, key_rate_limit=2)
+    r = api.patch(url("queue", Q), {"key_rate_limit": value, "concurrency": 4}, content_type="application/json")
+    assert r.status_code == 400 and r.json()["field"] == "key_rate_limit"
+    assert services.policy(Q).key_rate_limit == 2 and services.policy(Q).concurrency == 0
+
+
 @pytest.mark.parametrize(
     ("field", "value"), [("rate_limit", -1), ("rate_limit", 1_000_001), ("rate_window_ms", 0), ("rate_window_ms", "x")]
 )

@@ -68,7 +68,7 @@ def test_values_follow_enqueue_claim_ack_nack_and_dead():
 
 
 def test_every_queue_is_reported_and_a_deleted_one_disappears():
-    fq.configure("m:one", concurrency=3, key_concurrency=2, rate_limit=5, rate_window_ms=2000)
+    fq.configure("m:one", concurrency=3, key_concurrency=2, rate_limit=5, rate_window_ms=2000, key_rate_limit=3)
     fq.enqueue("m:two", {})
     found = scrape()
     assert value(found, "fq_queue_concurrency_limit", queue="m:one") == 3
@@ -76,6 +76,8 @@ def test_every_queue_is_reported_and_a_deleted_one_disappears():
     assert value(found, "fq_queue_key_concurrency_limit", queue="m:two") == 0
     assert value(found, "fq_queue_rate_limit_per_second", queue="m:one") == 2.5
     assert value(found, "fq_queue_rate_limit_per_second", queue="m:two") == 0
+    assert value(found, "fq_queue_key_rate_limit_per_second", queue="m:one") == 1.5
+    assert value(found, "fq_queue_key_rate_limit_per_second", queue="m:two") == 0
     assert value(found, "fq_queue_jobs", queue="m:two", state="ready") == 1
     fq.delete_queue("m:two")
     found = scrape()

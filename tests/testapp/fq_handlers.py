@@ -152,6 +152,12 @@ def rate_limited(job):
     return None
 
 
+@handler("t.keyrate")
+def key_rate_limited(job):
+    """Nothing to do: the per-key rate-limit tests read the claim instants the database recorded."""
+    return None
+
+
 # --- progress reports (tests/worker/test_progress.py) ----------------------------------------
 
 #: With this set, every progress write the worker child makes is appended to that file as a

@@ -55,6 +55,7 @@ OPTION_OF_FIELD = {
     "unique_key": "--unique-key",
     "concurrency_key": "--concurrency-key",
     "key_concurrency": "--key-concurrency",
+    "key_rate_limit": "--key-rate-limit",
     "max_attempts": "--max-attempts",
     "timeout_ms": "--timeout",
     "concurrency": "--concurrency",
@@ -92,7 +93,8 @@ POLICY_OPTIONS = (
     ("ttl", "ttl_ms", "MS", "delete the queue once empty and idle this long (0-365 days, 0 = never)"),
     ("key-concurrency", "key_concurrency", "N", "jobs of one concurrency key running at once (0-100000, 0 = unlimited)"),
     ("rate-limit", "rate_limit", "N", "claims allowed in any window of --rate-window (0-1000000, 0 = no rate limit)"),
-    ("rate-window", "rate_window_ms", "MS", "the rate limit's sliding window (1 ms - 24 h, default 1000)"),
+    ("rate-window", "rate_window_ms", "MS", "the rate limits' sliding window (1 ms - 24 h, default 1000)"),
+    ("key-rate-limit", "key_rate_limit", "N", "claims of one concurrency key allowed in any window of --rate-window (0-1000000, 0 = none)"),
 )
 
 
