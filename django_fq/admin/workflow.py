@@ -42,7 +42,7 @@ DRAW_LIMIT = 500
 #: Most edges drawn; a workflow with more is shown as the table only.
 EDGE_LIMIT = 5000
 #: Characters of a step name or queue name inside a node (the tooltip and the table have more).
-NODE_CHARS = 26
+NODE_CHARS = 24
 #: Characters of a step name in the tooltip and the table.
 NAME_CHARS = 200
 #: Characters of the metadata read per job to find its step name (the builder writes ``step`` first).
@@ -53,7 +53,7 @@ SWEEPS = 4
 CHUNK = 500
 
 # Geometry, in SVG user units (pixels at 100 %).
-NODE_W, NODE_H = 190, 58
+NODE_W, NODE_H = 200, 58
 GAP_X, GAP_Y = 70, 16
 PAD = 12
 

@@ -247,6 +247,11 @@ def test_workflow_graph(browser, site, tmp_path):
     assert graph.size["width"] > 500 and graph.size["height"] > 100
     shot = _screenshot(browser, tmp_path, "admin-workflow")
     assert shot.stat().st_size > 10_000
+    # The dark theme (the admin's toggle sets data-theme): boxes keep their own fill and dark text.
+    browser.execute_script("document.documentElement.dataset.theme = 'dark'")
+    label = graph.find_element(By.CSS_SELECTOR, f'a[data-job="{ids["send"]}"] text.fq-wf-head')
+    assert label.value_of_css_property("fill") == "rgb(31, 45, 58)"
+    _screenshot(browser, tmp_path, "admin-workflow-dark")
     # Each node is a link to its job.
     graph.find_element(By.CSS_SELECTOR, f'a[data-job="{ids["send"]}"]').click()
     _wait(browser, "#fq-workflow-link")

@@ -308,3 +308,14 @@ def test_cancel_asks_then_cancels_every_unfinished_step(make_user, queue):
     assert any("2 unfinished jobs cancelled, 1 already finished" in str(m) for m in done.context["messages"])
     # Nothing left to cancel: no button.
     assert 'id="fq-workflow-cancel"' not in text(done)
+
+
+def test_more_edges_than_the_bound_show_the_table_only(root_client, queue):
+    ups = [r.id for r in fq.enqueue_many(queue, [{"payload": i} for i in range(100)])]
+    n_down = workflow.EDGE_LIMIT // 100 + 1
+    downs = [r.id for r in fq.enqueue_many(queue, [{"payload": i, "depends_on": ups} for i in range(n_down)])]
+    response = root_client.get(wf_url(downs[0]))
+    html = text(response)
+    assert response.status_code == 200 and 'id="fq-workflow-graph"' not in html
+    assert f"more than {workflow.EDGE_LIMIT} edges" in html
+    assert len(table_ids(html)) == 100 + n_down
