@@ -77,6 +77,7 @@ class Workflow:
         self._steps: dict[str, tuple[str, Any, dict]] = {}
         self._after: dict[str, list[tuple[Step | str, str]]] = {}
         self._order: list[str] = []
+        self._named: set[str] = set()  # steps given a name (not the default "<queue>#<n>")
 
     def step(
         self,
@@ -92,7 +93,9 @@ class Workflow:
 
         ``name`` (1–200 characters, unique in the workflow; default
         ``"<queue>#<n>"``) names the step in errors and in the ids
-        :meth:`enqueue` returns. ``after``: steps, groups, or ids of jobs
+        :meth:`enqueue` returns; a name given here is also recorded in the
+        job's metadata as ``"step"`` (unless ``metadata`` has that key), where
+        the admin's workflow graph reads it. ``after``: steps, groups, or ids of jobs
         already enqueued, that must succeed first; ``on_failure`` is the
         policy of those edges (``cancel``, ``run``, ``wait``). ``options``:
         those of ``enqueue`` (``priority``, ``delay_ms``, ``at``,
@@ -101,6 +104,7 @@ class Workflow:
         or an unknown option.
         """
         validation.queue_name(queue)
+        named = name is not None
         name = f"{queue}#{len(self._order)}" if name is None else name
         if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME:
             raise WorkflowError(f"a step name is 1-{MAX_NAME} characters", field="name")
@@ -112,6 +116,8 @@ class Workflow:
         self._steps[name] = (queue, payload, options)
         self._after[name] = []
         self._order.append(name)
+        if named:
+            self._named.add(name)
         step = Step(name, queue, self)
         self.add_edges(step, after, on_failure=on_failure)
         return step
@@ -248,6 +254,10 @@ class Workflow:
         for up, policy in self._after[name]:
             deps.setdefault(ids[up.name] if isinstance(up, Step) else up, policy)
         env = {"payload": payload, **options}
+        meta = options.get("metadata")
+        if name in self._named and (meta is None or (isinstance(meta, dict) and "step" not in meta)):
+            # First, so that a reader of the metadata's first characters finds it (the admin's graph).
+            env["metadata"] = {"step": name, **(meta or {})}
         if deps:
             env["depends_on"] = [{"id": uid, "on_failure": p} for uid, p in deps.items()]
         return env

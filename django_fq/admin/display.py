@@ -159,6 +159,11 @@ def ints_in_range(value: object, *, many: bool = False) -> bool:
     return True
 
 
+def is_row_id(value: object) -> bool:
+    """Whether ``value`` (a URL part) is a row id: 1-19 digits, at most 2**63 - 1 (else no row has it)."""
+    return isinstance(value, str) and bool(_ID.fullmatch(value)) and int(value) <= _INT64_MAX
+
+
 def has_nul(value: object) -> bool:
     """Whether ``value`` (a URL parameter: a string or a list of them) holds a NUL character.
 

@@ -13,22 +13,25 @@ arguments (``Job.settled_args``); none of them is a field of these pages.
 
 from __future__ import annotations
 
+import django
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
+from django.db.models import Exists, OuterRef
 from django.db.models.functions import Left
-from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from .. import conf, db, storage, validation
+from .. import conf, db, storage, validation, workflows
 from .. import services as fq
 from ..exceptions import FqError
 from ..models import QUEUED_STATES, Dependency, Job, Lease
 from ..services._base import reported_state as reported_expression
 from ..services.jobs import requeue
 from ..types import STATE_NAMES
-from . import display
+from . import display, workflow
 
 #: Most jobs one bulk action handles; the message says when more were selected.
 ACTION_LIMIT = 1000
@@ -123,7 +126,7 @@ class JobAdmin(display.FqModelAdmin):
 
     list_display = (
         "uid", "queue", "state_badge", "priority", "attempts_of", "enqueued", "runs_at", "worker", "tag_list",
-        "progress_bar", "error_head",
+        "progress_bar", "error_head", "workflow_link",
     )  # fmt: skip
     list_filter = (("queue", display.QueueFilter), StateFilter, TagFilter)
     list_select_related = ("queue",)
@@ -210,6 +213,16 @@ class JobAdmin(display.FqModelAdmin):
             text = obj.last_error
         text = (text or "").splitlines()[0] if text else ""
         return text[:100] + ("…" if len(text) > 100 else "") if text else ""
+
+    @admin.display(description="workflow")
+    def workflow_link(self, obj):
+        """A link to the job's workflow graph when it has dependencies or dependents."""
+        if not (obj.has_dependents or getattr(obj, "has_upstream", False)):
+            return ""
+        return format_html('<a href="{}" class="fq-workflow-link">graph</a>', self._workflow_url(obj.pk))
+
+    def _workflow_url(self, pk) -> str:
+        return reverse("admin:django_fq_job_workflow", args=[pk], current_app=self.admin_site.name)
 
     @admin.display(description="progress")
     def progress_bar(self, obj):
@@ -338,7 +351,15 @@ class JobAdmin(display.FqModelAdmin):
     def get_urls(self):
         info = self.opts.app_label, self.opts.model_name
         wrap = self.admin_site.admin_view
+        # Before the verbs: "<path:object_id>/cancel/" would match ".../workflow/cancel/" too.
         return [
+            path(
+                "<path:object_id>/workflow/cancel/",
+                wrap(self.workflow_cancel_view),
+                name="{}_{}_workflow_cancel".format(*info),
+            ),
+            path("<path:object_id>/workflow/", wrap(self.workflow_view), name="{}_{}_workflow".format(*info)),
+        ] + [
             path(f"<path:object_id>/{verb}/", wrap(self.repair_view), {"verb": verb}, name="{}_{}_{}".format(*info, verb))
             for verb in VERBS
         ] + super().get_urls()
@@ -356,6 +377,8 @@ class JobAdmin(display.FqModelAdmin):
             extra_context["title"] = f"Job {obj.uid}"
             extra_context["subtitle"] = None  # Django would repeat the id below the title
             extra_context["fq_repair_buttons"] = self._buttons(request, obj)
+            if obj.has_dependents or Dependency.objects.using(conf.database()).filter(job_id=obj.seq).exists():
+                extra_context["fq_workflow_url"] = self._workflow_url(obj.pk)
         return super().changeform_view(request, object_id, form_url, extra_context)
 
     def _buttons(self, request, obj) -> list[dict]:
@@ -390,6 +413,98 @@ class JobAdmin(display.FqModelAdmin):
         return HttpResponseRedirect(
             reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[obj.pk], current_app=self.admin_site.name)
         )
+
+    # --- the workflow page: the graph of the jobs connected by dependencies ----------------
+
+    def _workflow_job(self, request, object_id):
+        """The job of a workflow URL, or 404 (not an id, no such job, a job whose queue is gone)."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        if not display.is_row_id(object_id):
+            raise Http404("No such job.")
+        obj = self.get_object(request, object_id)
+        if obj is None:
+            raise Http404("No such job.")
+        return obj
+
+    def workflow_view(self, request, object_id):
+        """The workflow of one job as an SVG graph and a table (docs/admin.md "Workflow graph")."""
+        obj = self._workflow_job(request, object_id)
+        graph = workflow.read(obj.uid)
+        site = self.admin_site.name
+
+        def url_of(seq):
+            return reverse("admin:django_fq_job_change", args=[seq], current_app=site)
+
+        drawn = workflow.drawing(graph, url_of=url_of) if graph.drawable else None
+        unfinished = sum(1 for n in graph.nodes.values() if n.reported not in ("succeeded", "cancelled"))
+        context = {
+            **self.admin_site.each_context(request),
+            **self._workflow_context(obj),
+            "title": f"Workflow of job {obj.uid}",
+            "graph": graph,
+            "drawn": drawn,
+            "steps": workflow.rows(graph, url_of=url_of),
+            "counts": workflow.counts(graph),
+            "n_steps": len(graph.nodes),
+            "states": workflow.STATES,
+            "policies": workflow.POLICIES,
+            "draw_limit": workflow.DRAW_LIMIT,
+            "edge_limit": workflow.EDGE_LIMIT,
+            "unfinished": unfinished,
+            "can_cancel": self.has_change_permission(request, obj) and unfinished > 0,
+            "cancel_url": reverse("admin:django_fq_job_workflow_cancel", args=[obj.pk], current_app=site),
+        }
+        request.current_app = site
+        return TemplateResponse(request, "admin/django_fq/job/workflow.html", context)
+
+    def workflow_cancel_view(self, request, object_id):
+        """GET: a confirmation page; POST (CSRF-checked): cancel every unfinished job of the workflow."""
+        obj = self._workflow_job(request, object_id)
+        if not self.has_change_permission(request, obj):
+            raise PermissionDenied
+        back = self._workflow_url(obj.pk)
+        if request.method == "POST":
+            try:
+                done = workflows.cancel(obj.queue.name, obj.uid)
+            except FqError as exc:
+                self.message_user(request, f"The workflow of job {obj.uid} was not cancelled: {exc.message}", messages.ERROR)
+            else:
+                self.log_change(request, obj, f"Workflow cancelled through the admin: {done.cancelled} unfinished jobs.")
+                self.message_user(
+                    request,
+                    f"Workflow of job {obj.uid} cancelled: {done.cancelled} unfinished job"
+                    f"{'s' if done.cancelled != 1 else ''} cancelled, {done.finished} already finished.",
+                    messages.SUCCESS,
+                )
+            return HttpResponseRedirect(back)
+        if request.method != "GET":
+            return HttpResponseNotAllowed(["GET", "POST"])
+        graph = workflow.read(obj.uid)
+        context = {
+            **self.admin_site.each_context(request),
+            **self._workflow_context(obj),
+            "title": "Cancel this workflow?",
+            "counts": workflow.counts(graph),
+            "n_steps": len(graph.nodes),
+            "truncated": graph.truncated,
+            "unfinished": sum(1 for n in graph.nodes.values() if n.reported not in ("succeeded", "cancelled")),
+            "draw_limit": workflow.DRAW_LIMIT,
+            "workflow_url": back,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/django_fq/job/workflow_cancel.html", context)
+
+    def _workflow_context(self, obj) -> dict:
+        return {
+            "subtitle": None,
+            "opts": self.opts,
+            "app_label": self.opts.app_label,
+            "original": obj,
+            "job_url": reverse("admin:django_fq_job_change", args=[obj.pk], current_app=self.admin_site.name),
+            "workflow_url": self._workflow_url(obj.pk),
+            "fq_breadcrumbs_list": django.VERSION >= (6, 1),
+        }
 
     # --- bulk actions ---------------------------------------------------------------------
 
@@ -514,4 +629,6 @@ class JobChangeList(ChangeList):
 
     def get_queryset(self, request, *args, **kwargs):
         qs = super().get_queryset(request, *args, **kwargs)
-        return qs.defer(*LIST_DEFERRED).annotate(error_start=Left("last_error", 200))
+        # has_upstream: by the (job, upstream) unique index, for the page's rows only.
+        upstream = Dependency.objects.filter(job_id=OuterRef("seq"))
+        return qs.defer(*LIST_DEFERRED).annotate(error_start=Left("last_error", 200), has_upstream=Exists(upstream))

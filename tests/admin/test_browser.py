@@ -1,7 +1,7 @@
 """The admin in a real headless browser (Chromium driven by Selenium) against a live server.
 
 Slow tier (``@pytest.mark.slow``): logging in, the queue list, a retry action,
-the dashboard (with a screenshot). Needs Debian's ``chromium`` and
+the dashboard and a workflow graph (with screenshots). Needs Debian's ``chromium`` and
 ``chromium-driver`` packages and the ``selenium`` package (dev extra); skipped
 with the reason when one is missing. ``.ci/run`` installs the browser before
 the slow tier.
@@ -83,6 +83,7 @@ def browser():
     options.binary_location = CHROMIUM
     for flag in CHROME_FLAGS:
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # console messages, for get_log("browser")
     driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
     driver.set_page_load_timeout(30)
     yield driver
@@ -214,3 +215,44 @@ def test_dashboard(browser, site, tmp_path):
     assert dead.value_of_css_property("background-color") not in ("rgba(0, 0, 0, 0)", "transparent")
     shot = _screenshot(browser, tmp_path, "admin-dashboard")
     assert shot.stat().st_size > 10_000
+
+
+def test_workflow_graph(browser, site, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    from django_fq.workflows import Workflow
+
+    wf = Workflow()
+    top = wf.step("web:mail", "a", name="<script>alert(1)</script>")
+    left = wf.step("web:mail", "b", name="render", after=[top])
+    right = wf.step("web:other", "c", name="thumbnail " * 20, after=[top], on_failure="wait")
+    wf.step("web:mail", "d", name="send", after=[left, right], on_failure="run")
+    ids = wf.enqueue()
+    from django_fq.models import Job
+
+    seqs = dict(Job.objects.values_list("uid", "seq"))
+    _login(browser, site, f"/admin/django_fq/job/{seqs[ids['render']]}/change/")
+    browser.get_log("browser")  # only this page's messages from here on
+    browser.find_element(By.ID, "fq-workflow-link").click()
+    graph = _wait(browser, "svg#fq-workflow-graph")
+    assert browser.get_log("browser") == []  # no console errors, nothing blocked
+    nodes = graph.find_elements(By.CSS_SELECTOR, "a.fq-wf-node")
+    assert len(nodes) == 4 and len(graph.find_elements(By.CSS_SELECTOR, "path.fq-wf-edge")) == 4
+    # A hostile step name is text, not markup (an alert would have failed the page's load).
+    head = graph.find_element(By.CSS_SELECTOR, f'a[data-job="{ids[top.name]}"] text.fq-wf-head')
+    assert head.text.startswith("<script>alert(1)")
+    # The stylesheet reached the SVG: a waiting box has its fill and a dashed border.
+    rect = graph.find_element(By.CSS_SELECTOR, f'a[data-job="{ids["send"]}"] rect')
+    assert rect.value_of_css_property("stroke-dasharray") not in ("none", "")
+    assert graph.size["width"] > 500 and graph.size["height"] > 100
+    shot = _screenshot(browser, tmp_path, "admin-workflow")
+    assert shot.stat().st_size > 10_000
+    # The dark theme (the admin's toggle sets data-theme): boxes keep their own fill and dark text.
+    browser.execute_script("document.documentElement.dataset.theme = 'dark'")
+    label = graph.find_element(By.CSS_SELECTOR, f'a[data-job="{ids["send"]}"] text.fq-wf-head')
+    assert label.value_of_css_property("fill") == "rgb(31, 45, 58)"
+    _screenshot(browser, tmp_path, "admin-workflow-dark")
+    # Each node is a link to its job.
+    graph.find_element(By.CSS_SELECTOR, f'a[data-job="{ids["send"]}"]').click()
+    _wait(browser, "#fq-workflow-link")
+    assert browser.current_url.endswith(f"/admin/django_fq/job/{seqs[ids['send']]}/change/")
