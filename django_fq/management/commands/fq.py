@@ -600,17 +600,17 @@ class Command(BaseCommand):
             if o["source"] is None:
                 raise InvalidArgument("fq batch add needs SOURCE (a file of envelopes, or -)", field="source")
             results = batches.add(target, _envelopes(self._read("source", o["source"])))
-            data = [_enqueued(r) for r in results]
-            made = sum(r["created"] for r in data)
-            self._emit(data, lambda rows: "\n".join([*(_enqueued_line(r) for r in rows), f"{made} added to batch {target}, {len(rows) - made} duplicate(s)"]))
+            rows = [_enqueued(r) for r in results]
+            made = sum(r["created"] for r in rows)
+            self._emit(rows, lambda rows: "\n".join([*(_enqueued_line(r) for r in rows), f"{made} added to batch {target}, {len(rows) - made} duplicate(s)"]))
         elif action == "seal":
             self._emit(batches.seal(target).as_dict(), _batch_text)
         elif action == "cancel":
             self._emit(batches.cancel(target).as_dict(), _batch_text)
         else:
-            data = batches.get(target).as_dict()
-            data["members"] = batches.members(target, state=o["state"], limit=o["count"], after=o["after"])
-            self._emit(data, _batch_text)
+            shown = batches.get(target).as_dict()
+            shown["members"] = batches.members(target, state=o["state"], limit=o["count"], after=o["after"])
+            self._emit(shown, _batch_text)
 
     def do_get(self, o):
         self._job(services.get(o["queue"], o["job_id"]))
