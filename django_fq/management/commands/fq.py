@@ -759,7 +759,8 @@ class Command(BaseCommand):
             text = (
                 f"queues: {d['queues_created']} created, {d['queues_skipped']} skipped; "
                 f"jobs: {d['jobs_created']} created, {d['jobs_skipped']} skipped; "
-                f"tokens: {d['tokens_created']} created, {d['tokens_skipped']} skipped"
+                f"tokens: {d['tokens_created']} created, {d['tokens_skipped']} skipped; "
+                f"batches: {d['batches_created']} created, {d['batches_skipped']} skipped"
             )
             return text + (" (dry run: nothing was changed)" if d["dry_run"] else "")
 
