@@ -372,7 +372,10 @@ def _write_batch(
     q = get_or_create_queue(queue, lock=True) if create else get_queue(queue, lock=True)
     pol = policy_of(q)
     now = db.now_sql(conn)
-    in_batch = {it.batch: f"items[{i}].batch" if batch else "batch" for i, it in reversed(list(enumerate(items))) if it.batch}
+    in_batch: dict[str, str] = {}  # batch id -> the field of the first item naming it (for the errors)
+    for i, it in enumerate(items):
+        if it.batch is not None and it.batch not in in_batch:
+            in_batch[it.batch] = f"items[{i}].batch" if batch else "batch"
     batch_pks = batches.resolve(conn, q.id, in_batch) if in_batch else {}
     if any(it.at is not None for it in items):
         _check_horizon(conn, now, items, batch)
