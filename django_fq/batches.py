@@ -52,7 +52,7 @@ STATES = ("open", "sealed", "finished", "cancelled")
 CALLBACK_OPTIONS = frozenset({"priority", "delay_ms", "max_attempts", "timeout_ms", "metadata", "concurrency_key"})
 #: Most rows :func:`members` and :func:`list_batches` return per call.
 MAX_PAGE = 1000
-#: Members cancelled per transaction by :func:`cancel`.
+#: Members :func:`cancel` reads per query (each is then cancelled in a transaction of its own).
 CANCEL_CHUNK = 500
 #: The largest count a callback's metadata may have to carry: its size is checked with it at create.
 _WORST_COUNTS = {"id": "f" * 32, "total": 10**15, "succeeded": 10**15, "dead": 10**15, "cancelled": 10**15}
@@ -443,9 +443,9 @@ def cancel(batch_id: str, *, queue: str | None = None) -> BatchInfo:
     """Cancel the batch (no callback will be enqueued) and every member that has not finished.
 
     The batch becomes ``cancelled`` first, in its own transaction; then its
-    waiting, scheduled, ready and running members are cancelled
-    :data:`CANCEL_CHUNK` at a time (each counted as cancelled); dead ones stay
-    dead. Calling it again finishes an interrupted run. Raises
+    waiting, scheduled, ready and running members are cancelled one by one,
+    each in its own transaction as ``cancel`` does it (and counted as
+    cancelled), read :data:`CANCEL_CHUNK` at a time; dead ones stay dead. Calling it again finishes an interrupted run. Raises
     :class:`BatchNotFound`, :class:`InvalidState` (the batch already finished).
     """
     from .services.jobs import cancel as cancel_job
