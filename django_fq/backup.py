@@ -41,6 +41,18 @@ older importers refuse it as an unknown key; the format stays version 1.
 
 ``{"type": "token", "queue", "token", "job_id", "created_at", "expires_at"}``
 
+``{"type": "batch", "queue", "id", "state", "total", "succeeded", "dead",
+"cancelled", "callback", "callback_job", "created_at", "sealed_at",
+"finished_at"}`` — a batch (docs/how-to/workflows.md "Batches"), written after
+its queue's line; ``callback`` is ``{"queue", "payload", <options>}`` (null:
+none), as :func:`django_fq.batches.create` takes it. A member's job line says
+``"batch": ID`` (absent for other jobs). On import a batch new to the database
+is created with the file's state and counts, and the jobs the import creates
+that name it become its members; a batch that exists already is skipped, and
+jobs the import creates do not join it. A sealed batch whose counts are all
+finished gets its callback at the end of the import. Batches came before any
+release, so the format stays version 1.
+
 What a backup leaves out, on purpose: leases and receipts (a **running** job
 is exported as ``release`` would leave it: ``ready``, the interrupted attempt
 given back — attempts − 1 — with a ``release`` history entry at
@@ -98,7 +110,7 @@ from django.db.models import Case, F, Field, Value, When
 
 from . import conf, db, payloads, storage, validation
 from .exceptions import ImportConflict, InvalidArgument, InvalidBackup, QueueNotFound, TooManyQueues
-from .models import QUEUED_STATES, Dependency, IdempotencyToken, Job, Queue
+from .models import QUEUED_STATES, Batch, BatchMember, Dependency, IdempotencyToken, Job, Queue
 from .services import dependencies
 from .services import keys as slots
 from .services._base import (
@@ -146,7 +158,13 @@ _JOB_KEYS = frozenset(
         "type", "queue", "id", "state", "priority", "run_at", "enqueued_at", "changed_at", "claimed_at",
         "finished_at", "attempts", "max_attempts", "generation", "timeout_ms", "payload", "result",
         "last_error", "errors", "unique_key", "idempotency", "worker", "metadata", "concurrency_key",
-        "depends_on",
+        "depends_on", "batch",
+    }
+)  # fmt: skip
+_BATCH_KEYS = frozenset(
+    {
+        "type", "queue", "id", "state", "total", "succeeded", "dead", "cancelled", "callback", "callback_job",
+        "created_at", "sealed_at", "finished_at",
     }
 )  # fmt: skip
 _TOKEN_KEYS = frozenset({"type", "queue", "token", "job_id", "created_at", "expires_at"})
@@ -161,6 +179,7 @@ class ExportSummary:
     tokens: int
     running_as_ready: int
     exported_at: int
+    batches: int = 0
 
 
 @dataclass(frozen=True)
@@ -175,6 +194,8 @@ class ImportSummary:
     tokens_created: int
     tokens_skipped: int
     dry_run: bool = False
+    batches_created: int = 0
+    batches_skipped: int = 0
 
 
 # --- export ---------------------------------------------------------------------------------------
@@ -196,7 +217,7 @@ def export_jsonl(out: IO[str], queues: Sequence[str] | None = None, *, progress=
     for a named queue that does not exist (nothing is written then).
     """
     names = None if queues is None else list(dict.fromkeys(validation.queue_name(n) for n in queues))
-    running = n_jobs = n_tokens = 0
+    running = n_jobs = n_tokens = n_batches = 0
     with _snapshot() as conn:
         rows = list(
             manager(Queue).order_by("name") if names is None else manager(Queue).filter(name__in=names).order_by("name")
@@ -230,6 +251,9 @@ def export_jsonl(out: IO[str], queues: Sequence[str] | None = None, *, progress=
                 },
             )
             _tick(progress)
+            for b in manager(Batch).filter(queue_id=q.id).order_by("id"):
+                _write(out, {"type": "batch", "queue": q.name, **_batch_line(b)})
+                n_batches += 1
             for job in _job_pages(q.id, exported_at):
                 running += job.pop("was_running")
                 _write(out, {"type": "job", "queue": q.name, **job})
@@ -240,8 +264,23 @@ def export_jsonl(out: IO[str], queues: Sequence[str] | None = None, *, progress=
                 n_tokens += 1
                 _tick(progress)
     return ExportSummary(
-        queues=len(rows), jobs=n_jobs, tokens=n_tokens, running_as_ready=running, exported_at=exported_at
-    )
+        queues=len(rows), jobs=n_jobs, tokens=n_tokens, running_as_ready=running, exported_at=exported_at,
+        batches=n_batches,
+    )  # fmt: skip
+
+
+def _batch_line(b: Batch) -> dict:
+    """A batch as its export line (without ``type`` and ``queue``)."""
+    callback = None
+    if b.callback_queue is not None:
+        # Decoded: the callback's payload was validated at create, so it nests within the bounds.
+        payload = json.loads(b.callback_payload or "null")
+        callback = {"queue": b.callback_queue, "payload": payload, **json.loads(b.callback_options or "{}")}
+    return {
+        "id": b.uid, "state": b.state, "total": b.total, "succeeded": b.succeeded, "dead": b.dead,
+        "cancelled": b.cancelled, "callback": callback, "callback_job": b.callback_job,
+        "created_at": b.created_at, "sealed_at": b.sealed_at, "finished_at": b.finished_at,
+    }  # fmt: skip
 
 
 #: Deepest nesting of a backup line judged on its text, before decoding: twice a payload's
@@ -332,6 +371,9 @@ def _job_pages(queue_id: int, exported_at: int):
         # marker (``"payload":,`` is a line no import reads): see _bodiless.
         gone = _bodiless(page, payloads.fill(db.connection(), page))
         edges = _edges_of([r["seq"] for r in page])
+        member_of = dict(
+            manager(BatchMember).filter(job_id__in=[r["seq"] for r in page]).values_list("job_id", "batch__uid")
+        )
         for r in page:
             if gone and r["uid"] in gone:
                 continue
@@ -365,6 +407,7 @@ def _job_pages(queue_id: int, exported_at: int):
                 "worker": r["worker"],
                 "metadata": None if r["metadata"] is None else _Stored(r["metadata"]),
                 **({"depends_on": edges[r["seq"]]} if r["seq"] in edges else {}),
+                **({"batch": member_of[r["seq"]]} if member_of.get(r["seq"]) else {}),
                 "was_running": int(was_running),
             }
         if len(page) < _BATCH:
@@ -682,6 +725,11 @@ class _Importer:
         #: Jobs this import created that list dependencies: their edges are written at the end,
         #: once every job of the file is in (a dependency may come later in the file).
         self.with_edges: list[_PendingJob] = []
+        #: Batch lines read: id -> (line, queue, pk, created by this import).
+        self.batches: dict[str, tuple[int, _QueueState, int, bool]] = {}
+        #: Job lines naming a batch: job id -> (line, queue, batch id); and the job ids this import created.
+        self.job_batch: dict[str, tuple[int, _QueueState, str]] = {}
+        self.created_members: list[str] = []
 
     # -- reading lines --------------------------------------------------------------------------
 
@@ -717,10 +765,12 @@ class _Importer:
             self._job(_Line(n, obj, _JOB_KEYS))
         elif kind == "token":
             self._token(_Line(n, obj, _TOKEN_KEYS))
+        elif kind == "batch":
+            self._batch(_Line(n, obj, _BATCH_KEYS))
         elif "format" in obj and "type" not in obj:
             raise InvalidBackup("a second header: only line 1 may be a header", line=n)
         else:
-            raise InvalidBackup('must be one of "queue", "job", "token"', line=n, field="type")
+            raise InvalidBackup('must be one of "queue", "job", "token", "batch"', line=n, field="type")
         if len(self.jobs) >= _BATCH:
             self._flush_jobs()
         if len(self.tokens) >= _BATCH:
@@ -870,8 +920,55 @@ class _Importer:
             other = self.key_lines.setdefault((q.name, job.unique_key), line.n)
             if other != line.n:
                 raise line.error(f"the active job on line {other} holds the same unique_key", "unique_key")
+        batch = line.get("batch", default=None)
+        if batch is not None:
+            if not validation.job_id(batch):
+                raise line.error("must be a batch id: 32 lowercase hexadecimal characters", "batch")
+            self.job_batch[uid] = (line.n, q, batch)
         self.job_lines[uid] = line.n
         self.jobs.append(_PendingJob(line.n, q, job, edges))
+
+    def _batch(self, line: _Line) -> None:
+        from . import batches
+
+        q = self._declared(line)
+        uid = line.get("id", required=True)
+        if not validation.job_id(uid):
+            raise line.error("must be a batch id: 32 lowercase hexadecimal characters", "id")
+        if uid in self.batches:
+            raise line.error(f"batch {uid} already appears on line {self.batches[uid][0]}", "id")
+        state = line.get("state", required=True)
+        if state not in batches.STATES:
+            raise line.error(f"must be one of {', '.join(batches.STATES)}", "state")
+        counts = {k: line.integer(k, 0, _SAFE) for k in ("total", "succeeded", "dead", "cancelled")}
+        if counts["succeeded"] + counts["dead"] + counts["cancelled"] > counts["total"]:
+            raise line.error("succeeded + dead + cancelled must not pass total", "total")
+        cb_queue = cb_payload = cb_options = None
+        callback = line.get("callback", default=None)
+        if callback is not None:
+            try:
+                cb_queue, cb_payload, cb_options = batches._parse_callback(callback, q.name)
+            except InvalidArgument as exc:
+                raise line.error(exc.message, exc.field) from None
+        callback_job = line.get("callback_job", default=None)
+        if callback_job is not None and not validation.job_id(callback_job):
+            raise line.error("must be a job id: 32 lowercase hexadecimal characters", "callback_job")
+        times = {k: line.integer(k, 0, _SAFE, default=None) for k in ("created_at", "sealed_at", "finished_at")}
+        have = manager(Batch).filter(uid=uid).values_list("id", "queue_id").first()
+        if have is not None and have[1] != q.id:
+            raise line.error(f"batch {uid} already exists in another queue", "id")
+        if have is not None:
+            self.batches[uid] = (line.n, q, have[0], False)
+            self.counts["batches_skipped"] += 1
+            return
+        row = manager(Batch).create(
+            uid=uid, queue_id=q.id, state=state, **counts, callback_queue=cb_queue, callback_payload=cb_payload,
+            callback_options=cb_options, callback_job=callback_job,
+            created_at=times["created_at"] if times["created_at"] is not None else db.db_now_ms(),
+            sealed_at=times["sealed_at"], finished_at=times["finished_at"],
+        )  # fmt: skip
+        self.batches[uid] = (line.n, q, row.pk, True)
+        self.counts["batches_created"] += 1
 
     def _token(self, line: _Line) -> None:
         q = self._declared(line)
@@ -953,6 +1050,7 @@ class _Importer:
             p.queue.active += int(p.job.state in ("queued", "waiting"))
             p.queue.keyed |= p.job.state == "queued" and p.job.concurrency_key is not None
         self.with_edges += [p for p in new if p.edges]
+        self.created_members += [p.job.uid for p in new if p.job.uid in self.job_batch]
         self.counts["jobs_created"] += len(new)
 
     def _flush_tokens(self) -> None:
@@ -999,6 +1097,7 @@ class _Importer:
         self._flush_jobs()
         self._flush_tokens()
         self._write_edges()
+        self._write_members()
         conn = db.connection()
         for q in self.queues.values():
             # The rule every writer of jobs and tokens follows (the enqueue's), with the import's error.
@@ -1062,6 +1161,36 @@ class _Importer:
         if ready:
             manager(Job).filter(seq__in=[seq for seq, _ in ready]).update(state="queued")
 
+    def _write_members(self) -> None:
+        """Memberships of the jobs this import created in the batches it created; the callbacks now due.
+
+        A job line's ``batch`` must be a batch of its queue in the file or the
+        database (else refused by line, field ``batch``). The counts are the
+        batch line's: the members join without adding to ``total``.
+        """
+        from . import batches
+
+        for n, q, bid in self.job_batch.values():
+            known = self.batches.get(bid)
+            if known is None:
+                have = manager(Batch).filter(uid=bid).values_list("queue_id", flat=True).first()
+                if have != q.id:
+                    raise InvalidBackup(f"no batch {bid} of queue {q.name} in the file or the database", line=n, field="batch")
+            elif known[1] is not q:
+                raise InvalidBackup(f"batch {bid} belongs to queue {known[1].name}", line=n, field="batch")
+        conn = db.connection()
+        store = storage.for_connection(conn)
+        joined: dict[int, list[str]] = defaultdict(list)
+        for uid in self.created_members:
+            known = self.batches.get(self.job_batch[uid][2])
+            if known is not None and known[3]:
+                joined[known[2]].append(uid)
+        for pk, uids in sorted(joined.items()):
+            store.join_batch(conn, pk, uids)
+        for _, _, pk, created in self.batches.values():
+            if created:
+                batches._fire_if_done(conn, pk)  # a sealed batch whose members had all finished
+
     def summary(self, dry_run: bool) -> ImportSummary:
         c = self.counts
         return ImportSummary(
@@ -1073,6 +1202,8 @@ class _Importer:
             tokens_created=c["tokens_created"],
             tokens_skipped=c["tokens_skipped"],
             dry_run=dry_run,
+            batches_created=c["batches_created"],
+            batches_skipped=c["batches_skipped"],
         )
 
 

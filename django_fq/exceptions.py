@@ -151,6 +151,13 @@ class JobNotFound(FqError):
     status = 404
 
 
+class BatchNotFound(FqError):
+    """No such batch (in this queue, when a queue is named)."""
+
+    code = "batch_not_found"
+    status = 404
+
+
 # --- conflicts (409) ---------------------------------------------------------------
 
 

@@ -183,6 +183,8 @@ class Job(models.Model):
     # satisfied while it is ``waiting``; ``has_dependents`` is set once another job depends on
     # this one, so an ack of a job without dependents never looks at the edge table (and
     # PostgreSQL's one-statement ack leaves a job with dependents to the ack that releases them).
+    # A member of a batch (:class:`BatchMember`) is flagged ``has_dependents`` too: its batch's
+    # callback waits on it, so every path that finishes a flagged job counts it in its batch.
     waiting_on = models.IntegerField(default=0, db_default=0)
     has_dependents = models.BooleanField(default=False, db_default=False)
 
@@ -285,6 +287,69 @@ class Dependency(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} after job {self.upstream_id}"
+
+
+class Batch(models.Model):
+    """A set of jobs of one queue with a callback enqueued once every member has finished.
+
+    ``state``: ``open`` (members may be added), ``sealed`` (no more members;
+    the callback fires when ``succeeded + dead + cancelled == total``),
+    ``finished`` (the callback was enqueued: ``callback_job``), ``cancelled``.
+    The counts are changed only under this row's lock, in the transaction that
+    adds or finishes a member (docs/reference/semantics.md §9 "Batches").
+    ``callback_options`` is compact JSON text of the callback's enqueue options.
+    No database foreign key, as for ``Job.queue``: ``delete_queue`` deletes the rows.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    uid = models.CharField("id", max_length=32)
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False, db_constraint=False)
+    state = models.CharField(max_length=9, default="open")
+    total = models.BigIntegerField(default=0)
+    succeeded = models.BigIntegerField(default=0)
+    dead = models.BigIntegerField(default=0)
+    cancelled = models.BigIntegerField(default=0)
+    callback_queue = models.CharField(max_length=200, null=True, blank=True)
+    callback_payload = models.TextField(null=True, blank=True)
+    callback_options = models.TextField(null=True, blank=True)
+    callback_job = models.CharField(max_length=32, null=True, blank=True)
+    created_at = models.BigIntegerField(help_text="epoch ms, database clock")
+    sealed_at = models.BigIntegerField(null=True, blank=True, help_text="epoch ms, database clock")
+    finished_at = models.BigIntegerField(null=True, blank=True, help_text="epoch ms, database clock")
+
+    class Meta:
+        db_table = "django_fq_batch"
+        constraints = [models.UniqueConstraint(fields=["uid"], name="fq_batch_uid")]
+        # Listings of a queue's batches, newest first; prune's finished ones by age.
+        indexes = [
+            models.Index(fields=["queue", "id"], name="fq_batch_queue"),
+            models.Index(fields=["state", "finished_at"], name="fq_batch_finished"),
+        ]
+
+    def __str__(self) -> str:
+        return self.uid
+
+
+class BatchMember(models.Model):
+    """Job ``job`` is a member of batch ``batch`` (a job is in at most one batch: the key is the job).
+
+    Written in the enqueue's transaction; deleted with the job (prune,
+    ``delete_queue``) or with its batch. No database foreign keys, as for
+    :class:`Dependency`.
+    """
+
+    job = models.OneToOneField(
+        Job, on_delete=models.DO_NOTHING, primary_key=True, related_name="+", db_constraint=False
+    )
+    batch = models.ForeignKey(Batch, on_delete=models.DO_NOTHING, related_name="+", db_index=False, db_constraint=False)
+
+    class Meta:
+        db_table = "django_fq_batch_member"
+        # A batch's members in enqueue order (members(), cancel).
+        indexes = [models.Index(fields=["batch", "job"], name="fq_batch_member")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} in batch {self.batch_id}"
 
 
 class JobPayload(models.Model):

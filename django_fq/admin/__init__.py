@@ -9,6 +9,8 @@ installed (its autodiscovery imports this package):
 * Jobs — list, filters (queue, reported state), exact search (job id,
   idempotency token, unique key), read-only detail; retry / requeue / cancel
   through the service verbs. Never added, edited or deleted here.
+* Batches — read only: state, a progress bar (done / total), counts, the
+  callback job, and the member jobs with links (:mod:`django_fq.batches`).
 * Leases and idempotency tokens — read only.
 
 To register them on another ``AdminSite``, call :func:`register` with it.
@@ -17,18 +19,20 @@ See ``docs/admin.md``.
 
 from django.contrib import admin
 
-from ..models import IdempotencyToken, Job, Lease, Queue
+from ..models import Batch, IdempotencyToken, Job, Lease, Queue
+from .batches import BatchAdmin
 from .jobs import JobAdmin
 from .queues import QueueAdmin
 from .records import IdempotencyTokenAdmin, LeaseAdmin
 
-__all__ = ["IdempotencyTokenAdmin", "JobAdmin", "LeaseAdmin", "QueueAdmin", "register"]
+__all__ = ["BatchAdmin", "IdempotencyTokenAdmin", "JobAdmin", "LeaseAdmin", "QueueAdmin", "register"]
 
 
 def register(site: admin.AdminSite) -> None:
     """Register django-fq's model admins on ``site``."""
     site.register(Queue, QueueAdmin)
     site.register(Job, JobAdmin)
+    site.register(Batch, BatchAdmin)
     site.register(Lease, LeaseAdmin)
     site.register(IdempotencyToken, IdempotencyTokenAdmin)
 

@@ -51,6 +51,8 @@ def spectacular_settings(mount: str) -> dict:
         "VERSION": __version__,
         "SERVERS": [{"url": mount.rstrip("/") or "/"}],
         "COMPONENT_SPLIT_REQUEST": True,
+        # A batch's states are a choice set of their own, beside the job states.
+        "ENUM_NAME_OVERRIDES": {"BatchStateEnum": "django_fq.batches.STATES"},
         "SCHEMA_PATH_PREFIX": "/",
         "POSTPROCESSING_HOOKS": [
             "drf_spectacular.hooks.postprocess_schema_enums",

@@ -177,6 +177,10 @@ class EnqueueSerializer(serializers.Serializer):
         help_text='jobs that must succeed first (any queue): job ids, or {"id": ..., "on_failure": '
         '"cancel"|"run"|"wait"}; at most 1000',
     )
+    batch = serializers.CharField(
+        min_length=32, max_length=32, required=False, allow_null=True,
+        help_text="the id of an open batch of this queue the job joins",
+    )  # fmt: skip
 
 
 class BulkEnqueueSerializer(serializers.Serializer):
@@ -339,6 +343,49 @@ class WorkflowCancelledSerializer(serializers.Serializer):
     id = serializers.CharField()
     cancelled = serializers.IntegerField(help_text="jobs cancelled, directly or by cascade")
     finished = serializers.IntegerField(help_text="jobs that had finished already")
+
+
+class BatchCallbackSerializer(serializers.Serializer):
+    """The job a batch enqueues once it is sealed and every member has finished."""
+
+    queue = serializers.CharField(required=False, allow_null=True, help_text="default: the batch's queue")
+    payload = AnyJSON(help_text="any JSON; at most FQ_MAX_PAYLOAD_BYTES as compact UTF-8")
+    priority = _int(validation.MIN_PRIORITY, validation.MAX_PRIORITY, required=False, allow_null=True)
+    delay_ms = _int(0, validation.MAX_DELAY_MS, required=False, allow_null=True)
+    max_attempts = _int(*POLICY_BOUNDS["max_attempts"], required=False, allow_null=True)
+    timeout_ms = _int(*POLICY_BOUNDS["timeout_ms"], required=False, allow_null=True)
+    metadata = serializers.DictField(
+        required=False, allow_null=True, help_text='a JSON object; the batch adds its counts under "batch"'
+    )
+    concurrency_key = serializers.CharField(max_length=validation.MAX_CONCURRENCY_KEY_LENGTH, required=False, allow_null=True)
+
+
+class BatchCreateSerializer(serializers.Serializer):
+    callback = BatchCallbackSerializer(required=False, allow_null=True, help_text="none: no callback")
+
+
+class BatchSerializer(serializers.Serializer):
+    """A batch: its state, counts and progress, and its callback job once enqueued."""
+
+    id = serializers.CharField()
+    queue = serializers.CharField()
+    state = serializers.ChoiceField(choices=["open", "sealed", "finished", "cancelled"])
+    total = serializers.IntegerField(help_text="members added")
+    succeeded = serializers.IntegerField()
+    dead = serializers.IntegerField()
+    cancelled = serializers.IntegerField()
+    done = serializers.IntegerField(help_text="succeeded + dead + cancelled")
+    progress = serializers.FloatField(help_text="done / total, 0-1 (1 for an empty batch)")
+    callback_queue = serializers.CharField(allow_null=True)
+    callback_job = serializers.CharField(allow_null=True, help_text="the callback job's id, once enqueued")
+    created_at = _epoch_ms()
+    sealed_at = _epoch_ms(allow_null=True)
+    finished_at = _epoch_ms(allow_null=True)
+
+
+class BatchMemberSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    state = serializers.ChoiceField(choices=STATE_NAMES)
 
 
 class JobOutcomeSerializer(serializers.Serializer):

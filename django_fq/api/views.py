@@ -34,7 +34,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import services, validation, workflows
+from .. import batches, services, validation, workflows
 from ..exceptions import (
     CountOutOfRange,
     FqError,
@@ -108,6 +108,9 @@ _QUEUE_PARAM = OpenApiParameter(
     description="queue name: 1-200 of [A-Za-z0-9:._-]",
 )
 _JOB_PARAM = OpenApiParameter("job_id", {"type": "string", "minLength": 1}, OpenApiParameter.PATH, description="job id")
+_BATCH_PARAM = OpenApiParameter(
+    "batch_id", {"type": "string", "minLength": 1}, OpenApiParameter.PATH, description="batch id (of this queue)"
+)
 
 
 # --- the base view ----------------------------------------------------------------------------
@@ -950,3 +953,177 @@ class ExtendView(FqAPIView):
         body = _body(request, {"receipt", "visibility_ms"}, required=("receipt", "visibility_ms"))
         deadline = services.extend(queue, body["receipt"], visibility_ms=body["visibility_ms"])
         return Response({"deadline": deadline})
+
+
+# --- batches (django_fq.batches) -------------------------------------------------------------
+# Every batch endpoint names the batch's queue in its path and looks the batch up in that queue
+# only: a batch of another queue answers 404 batch_not_found, so the permissions on the path's
+# queue (which a permission class may limit per queue) are the permissions on the batch.
+
+
+def _batch_id(batch_id: str) -> str:
+    if "\x00" in batch_id:  # as for job ids: no stored id holds NUL
+        raise batches._not_found(batch_id, None)
+    return batch_id
+
+
+class BatchesView(FqAPIView):
+    """A queue's batches: list them (``manage``) or create one (``produce``)."""
+
+    capabilities = {"GET": (MANAGE,), "POST": (PRODUCE,)}
+
+    @_doc(
+        operation_id="batch_list",
+        summary="A queue's batches, newest first",
+        parameters=[
+            _QUEUE_PARAM,
+            OpenApiParameter("state", str, enum=list(batches.STATES), description="only batches in this state"),
+            OpenApiParameter("count", {"type": "integer", "minimum": 1, "maximum": 1000}, description="default 20"),
+            OpenApiParameter("after", str, description="the last batch id of the previous page"),
+        ],
+        responses={200: s.BatchSerializer(many=True), **_errors(*_COMMON, 404)},
+        tags=["batches"],
+    )
+    def get(self, request, queue):
+        params = request.query_params
+        found = batches.list_batches(
+            queue, state=params.get("state") or None, limit=_query_int(request, "count", 20), after=params.get("after") or None
+        )
+        return Response([b.as_dict() for b in found])
+
+    @_doc(
+        operation_id="batch_create",
+        summary="Create an open batch, with the callback to enqueue once it is sealed and every member finished",
+        parameters=[_QUEUE_PARAM],
+        request=s.BatchCreateSerializer,
+        responses={201: s.BatchSerializer, **_errors(*_COMMON, 404, 409, 413, 415)},
+        tags=["batches"],
+    )
+    def post(self, request, queue):
+        body = _body(request, {"callback"})
+        callback = body.get("callback")
+        if isinstance(callback, dict):
+            other = callback.get("queue")
+            # The callback is an enqueue into its queue: produce there too (refused as a 403 naming it).
+            if isinstance(other, str) and other and other != queue and not holds(request, self, PRODUCE, other):
+                raise DjangoPermissionDenied(f"the callback's queue {other} is not one you may enqueue into (callback.queue)")
+        with _creation_rule(request, self, queue) as create:
+            info = batches.create(queue, callback=callback, create_queue=create)
+        return Response(info.as_dict(), status=status.HTTP_201_CREATED, headers={"Location": f"{request.path.rstrip('/')}/{info.id}/"})
+
+
+class BatchDetailView(FqAPIView):
+    """One batch: state, counts, progress, callback (``produce`` or ``manage``)."""
+
+    capabilities = {"GET": (PRODUCE, MANAGE)}
+
+    @_doc(
+        operation_id="batch_get",
+        summary="A batch's state, counts (succeeded, dead, cancelled, total), progress and callback job",
+        parameters=[_QUEUE_PARAM, _BATCH_PARAM],
+        responses={200: s.BatchSerializer, **_errors(*_COMMON, 404)},
+        tags=["batches"],
+    )
+    def get(self, request, queue, batch_id):
+        return Response(batches.get(_batch_id(batch_id), queue=queue).as_dict())
+
+
+class BatchMembersView(FqAPIView):
+    """A batch's members (``manage``) or more of them (``produce``)."""
+
+    capabilities = {"GET": (MANAGE,), "POST": (PRODUCE,)}
+    values_field = "jobs"
+
+    def max_body_bytes(self) -> int:
+        return conf.max_bulk_body_bytes()
+
+    @_doc(
+        operation_id="batch_members",
+        summary="A batch's members in enqueue order, with their states",
+        parameters=[
+            _QUEUE_PARAM,
+            _BATCH_PARAM,
+            OpenApiParameter("state", str, enum=list(STATE_NAMES), description="only members in this state"),
+            OpenApiParameter("count", {"type": "integer", "minimum": 1, "maximum": 1000}, description="default 100"),
+            OpenApiParameter("after", str, description="the last member id of the previous page"),
+        ],
+        responses={200: s.BatchMemberSerializer(many=True), **_errors(*_COMMON, 404)},
+        tags=["batches"],
+    )
+    def get(self, request, queue, batch_id):
+        params = request.query_params
+        rows = batches.members(
+            _batch_id(batch_id), queue=queue, state=params.get("state") or None,
+            limit=_query_int(request, "count", 100), after=params.get("after") or None,
+        )  # fmt: skip
+        return Response(rows)
+
+    @_doc(
+        operation_id="batch_add",
+        summary="Enqueue jobs as members of an open batch, all or nothing (any number of calls until it is sealed)",
+        parameters=[_QUEUE_PARAM, _BATCH_PARAM],
+        request=s.BulkEnqueueSerializer,
+        responses={
+            201: s.EnqueuedSerializer(many=True),
+            200: OpenApiResponse(s.EnqueuedSerializer(many=True), description="every envelope was a duplicate"),
+            **_errors(*_COMMON, 404, 409, 413, 415, 429),
+        },
+        tags=["batches"],
+    )
+    def post(self, request, queue, batch_id):
+        body = _body(request, {"jobs"}, required=("jobs",))
+        raw = body["jobs"]
+        if not isinstance(raw, list):
+            raise InvalidArgument("jobs must be a list of envelopes", field="jobs")
+        limit = conf.max_bulk_jobs()
+        if len(raw) > limit:
+            raise CountOutOfRange(f"at most {limit} jobs per bulk enqueue (FQ_API_MAX_BULK_JOBS)", field="jobs")
+        items = []
+        for i, env in enumerate(raw):
+            if not isinstance(env, dict):
+                raise InvalidArgument(f"jobs[{i}] must be a JSON object", field=f"jobs[{i}]")
+            items.append(_envelope(env, f"jobs[{i}]."))
+        _dependency_rule(request, self, queue, [(f"jobs[{i}].", env) for i, env in enumerate(items)])
+        try:
+            results = batches.add(_batch_id(batch_id), items, queue=queue)
+        except FqError as exc:
+            _rename_items(exc)
+            raise
+        code = status.HTTP_201_CREATED if any(r.created for r in results) else status.HTTP_200_OK
+        return Response([_enqueued(r) for r in results], status=code)
+
+
+class BatchSealView(FqAPIView):
+    """Seal a batch: no more members; the callback fires once every member finished (``produce``)."""
+
+    capabilities = {"POST": (PRODUCE,)}
+
+    @_doc(
+        operation_id="batch_seal",
+        summary="Seal a batch (again: no change); the callback is enqueued now if every member has finished",
+        parameters=[_QUEUE_PARAM, _BATCH_PARAM],
+        request=None,
+        responses={200: s.BatchSerializer, **_errors(*_COMMON, 404, 409, 415)},
+        tags=["batches"],
+    )
+    def post(self, request, queue, batch_id):
+        _body(request, set())
+        return Response(batches.seal(_batch_id(batch_id), queue=queue).as_dict())
+
+
+class BatchCancelView(FqAPIView):
+    """Cancel a batch and its unfinished members; no callback (``manage``)."""
+
+    capabilities = {"POST": (MANAGE,)}
+
+    @_doc(
+        operation_id="batch_cancel",
+        summary="Cancel a batch (its callback is never enqueued) and every member that has not finished",
+        parameters=[_QUEUE_PARAM, _BATCH_PARAM],
+        request=None,
+        responses={200: s.BatchSerializer, **_errors(*_COMMON, 404, 409, 415)},
+        tags=["batches"],
+    )
+    def post(self, request, queue, batch_id):
+        _body(request, set())
+        return Response(batches.cancel(_batch_id(batch_id), queue=queue).as_dict())

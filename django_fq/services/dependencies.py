@@ -210,9 +210,14 @@ def finished(conn, seqs: Sequence[int], outcome: str) -> None:
     priority and place, ready at the later of its ``run_at`` and now, and
     wakes the workers of its queue at commit. A dependent cancelled by its
     policy passes the cancel on to its own dependents, level by level. Call it
-    after the jobs' own update, in the same transaction.
+    after the jobs' own update, in the same transaction. The members of a
+    batch among the jobs (and among the dependents cancelled) are counted in
+    their batches (:func:`django_fq.batches.settle`).
     """
+    from .. import batches
+
     store = storage.for_connection(conn)
+    batches.settle(conn, seqs, outcome)
     now = db.now_sql(conn)
     frontier: list[tuple[list[int], str]] = [(list(seqs), outcome)]
     while frontier:
@@ -277,6 +282,11 @@ def _cancel(conn, now: str, seqs: Sequence[int], upstream: str, state: str) -> l
     at = db.db_now_ms()
     entry = json.dumps(history_entry(at, 0, "cancel", message), separators=(",", ":"))
     gone = storage.for_connection(conn).cancel_waiting(conn, now=now, seqs=seqs, error=message, entry_json=entry)
+    from .. import batches
+
+    flagged = [r["seq"] for r in gone if r["has_dependents"]]  # a batch member is flagged
+    if flagged:
+        batches.settle(conn, flagged, "cancelled")
     per_queue: dict[int, int] = {}
     for r in gone:
         per_queue[r["queue_id"]] = per_queue.get(r["queue_id"], 0) + 1

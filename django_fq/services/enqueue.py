@@ -16,7 +16,7 @@ from typing import NamedTuple, cast
 
 from django.db import IntegrityError
 
-from .. import conf, db, middleware, payloads, storage, validation
+from .. import batches, conf, db, middleware, payloads, storage, validation
 from ..exceptions import EnqueueRefused, InvalidArgument, InvalidTime
 from ..types import EnqueueResult
 from . import dependencies
@@ -46,6 +46,7 @@ ENVELOPE_KEYS = frozenset(
         "metadata",
         "concurrency_key",
         "depends_on",
+        "batch",
     }
 )
 _CHUNK = 500  # rows per INSERT: well under SQLite's and PostgreSQL's parameter limits
@@ -76,11 +77,12 @@ class _Item(NamedTuple):
     tags: str | None = None  # the tags column: "|a|b|"
     concurrency_key: str | None = None
     depends_on: tuple[dependencies.Edge, ...] | None = None  # docs/how-to/workflows.md
+    batch: str | None = None  # the id of the open batch the job joins (django_fq.batches)
 
 
 #: An envelope with a payload only: every option after ``size`` at its default. ``_new_item(_Item, (text,
 #: size, *_NO_OPTIONS))`` skips NamedTuple's keyword-handling ``__new__`` (a Python function) per item.
-_NO_OPTIONS = (0, None, None, None, None, None, None, None, None, None, None, None)
+_NO_OPTIONS = (0, None, None, None, None, None, None, None, None, None, None, None, None)
 _new_item = tuple.__new__
 
 
@@ -99,6 +101,7 @@ def enqueue(
     metadata: dict | None = None,
     concurrency_key: str | None = None,
     depends_on: list | None = None,
+    batch: str | None = None,
     create_queue: bool = True,
 ) -> EnqueueResult:
     """Add one job to ``queue`` (created with the default policy if missing).
@@ -136,6 +139,9 @@ def enqueue(
             default ``cancel``). Until then the job is ``waiting``
             (docs/how-to/workflows.md). A duplicate (token, unique key) keeps
             the first job's dependencies.
+        batch: the id of an open batch of this queue the job joins
+            (:mod:`django_fq.batches`; docs/how-to/workflows.md "Batches"). A
+            duplicate (token, unique key) joins nothing.
         create_queue: ``False`` raises :class:`QueueNotFound` (and writes
             nothing) when ``queue`` does not exist, instead of creating it.
             The REST API passes ``False`` for users who may not create queues
@@ -150,7 +156,9 @@ def enqueue(
     :class:`TooManyQueues` (creating the queue would pass ``FQ_MAX_QUEUES``),
     :class:`QueueNotFound` (only with ``create_queue=False``),
     :class:`EnqueueRefused` (an enqueue middleware refused the job),
-    :class:`InvalidDependency` (field ``depends_on[i]``: malformed, or no such job).
+    :class:`InvalidDependency` (field ``depends_on[i]``: malformed, or no such job),
+    :class:`BatchNotFound` (field ``batch``: no such batch in this queue),
+    :class:`InvalidState` (field ``batch``: the batch is sealed, finished or cancelled).
     """
     validation.queue_name(queue)
     raw = {
@@ -166,10 +174,11 @@ def enqueue(
         "metadata": metadata,
         "concurrency_key": concurrency_key,
         "depends_on": depends_on,
+        "batch": batch,
     }
     chain = middleware.enqueue_chain()
     if chain is not None:
-        options = {k: v for k, v in raw.items() if v is not None and k not in ("payload", "metadata", "depends_on")}
+        options = {k: v for k, v in raw.items() if v is not None and k not in ("payload", "metadata", "depends_on", "batch")}
         raw["metadata"] = middleware.run_enqueue_middleware(chain, queue, payload, metadata, options)
     item = parse_options(raw)
     results = _write(queue, [item], batch=False, create=create_queue)
@@ -184,7 +193,7 @@ def enqueue_many(queue: str, items: Iterable[Mapping], *, create_queue: bool = T
     ``items`` are envelopes: mappings with a ``"payload"`` key and any of the
     options of :func:`enqueue` (``priority``, ``delay_ms``, ``at``,
     ``idempotency``, ``idempotency_retention_ms``, ``unique_key``,
-    ``max_attempts``, ``timeout_ms``, ``metadata``, ``concurrency_key``, ``depends_on``). ``FQ_ENQUEUE_MIDDLEWARE``
+    ``max_attempts``, ``timeout_ms``, ``metadata``, ``concurrency_key``, ``depends_on``, ``batch``). ``FQ_ENQUEUE_MIDDLEWARE``
     runs for each item (a refusal fails the whole batch: its ``field`` is
     ``items[i]``). Returns one :class:`EnqueueResult` per
     item, in input order. Items of one batch sharing a token or unique key
@@ -223,7 +232,7 @@ def _write(queue: str, items: list[_Item], *, batch: bool, create: bool = True) 
     offload = conf.payload_offload_bytes()
     if store.supports_one_statement_enqueue and all(
         it.token is None and it.unique_key is None and it.at is None and it.concurrency_key is None
-        and it.depends_on is None and it.size <= offload
+        and it.depends_on is None and it.batch is None and it.size <= offload
         for it in items
     ):
         known = (conn.alias, queue)
@@ -272,7 +281,7 @@ def _through(chain, queue: str, index: int, raw):
     """Envelope ``raw`` (item ``index``) with the metadata the enqueue middleware ``chain`` leaves."""
     if not isinstance(raw, Mapping) or "payload" not in raw:
         return raw  # _parse_item reports it
-    options = {k: v for k, v in raw.items() if k not in ("payload", "metadata", "depends_on") and v is not None}
+    options = {k: v for k, v in raw.items() if k not in ("payload", "metadata", "depends_on", "batch") and v is not None}
     try:
         meta = middleware.run_enqueue_middleware(chain, queue, raw["payload"], raw.get("metadata"), options)
     except EnqueueRefused as exc:
@@ -341,15 +350,34 @@ def parse_options(raw: Mapping, limit: int | None = None, encode=None) -> _Item:
         tags=tags,
         concurrency_key=validation.concurrency_key(raw.get("concurrency_key")),
         depends_on=dependencies.parse(raw.get("depends_on")),
+        batch=_batch_id(raw.get("batch")),
     )
 
 
-def _write_batch(queue: str, items: list[_Item], *, batch: bool, create: bool = True) -> list[EnqueueResult]:
+def _batch_id(value: object) -> str | None:
+    """The ``batch`` option: ``None`` or a batch id (32 lowercase hex characters)."""
+    if value is None:
+        return None
+    if not validation.job_id(value):
+        raise InvalidArgument("batch is not a batch id (32 lowercase hex characters)", field="batch")
+    return cast(str, value)
+
+
+def _write_batch(
+    queue: str, items: list[_Item], *, batch: bool, create: bool = True, room: bool = True
+) -> list[EnqueueResult]:
+    """Write ``items`` into ``queue`` in the current transaction. ``room=False``: skip the queue-full
+    check (a batch's callback, enqueued by the ack of the batch's last member)."""
     conn = db.connection()
     db.take_write_lock(conn, queue)
     q = get_or_create_queue(queue, lock=True) if create else get_queue(queue, lock=True)
     pol = policy_of(q)
     now = db.now_sql(conn)
+    in_batch: dict[str, str] = {}  # batch id -> the field of the first item naming it (for the errors)
+    for i, it in enumerate(items):
+        if it.batch is not None and it.batch not in in_batch:
+            in_batch[it.batch] = f"items[{i}].batch" if batch else "batch"
+    batch_pks = batches.resolve(conn, q.id, in_batch) if in_batch else {}
     if any(it.at is not None for it in items):
         _check_horizon(conn, now, items, batch)
 
@@ -401,7 +429,8 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool, create: bool = 
     states: dict[int, str] = dict.fromkeys(dependencies.parked(with_deps, found), "held")
     keyed_new: list[int] = []
     if new:
-        check_queue_room(conn, q.id, jobs=len(new))
+        if room:
+            check_queue_room(conn, q.id, jobs=len(new))
         _lock_keys(conn, q.id, {items[i].unique_key for i in new})
         keyed_new = [i for i in new if items[i].concurrency_key is not None and i not in states]
         if keyed_new:  # admitted to their key's slots, or held (services.keys)
@@ -437,6 +466,14 @@ def _write_batch(queue: str, items: list[_Item], *, batch: bool, create: bool = 
     store = storage.for_connection(conn)
     for token, target in token_fixups.items():
         store.point_token(conn, q.id, token, target)
+    if batch_pks:  # before attach: a member it cancels at once is counted in its batch
+        made = {r.id for r in results if r.created}
+        joined: dict[int, tuple[str, list[str]]] = {}
+        for i in new:
+            it = items[i]
+            if it.batch is not None and uids[i] in made:
+                joined.setdefault(batch_pks[it.batch], (in_batch[it.batch], []))[1].append(uids[i])
+        batches.join(conn, joined)
     if wanted:  # the created jobs' edges; a job coalesced onto another keeps that one's dependencies
         made = {r.id for r in results if r.created}
         jobs = [(uids[i], q.id, deps) for i, deps in with_deps.items() if uids[i] in made]

@@ -11,7 +11,7 @@ import time
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 
-from .. import db, payloads, storage, validation
+from .. import batches, db, payloads, storage, validation
 from ..exceptions import InvalidArgument, InvalidCursor, InvalidState, JobNotFound, WaitTimeout
 from ..models import ACTIVE, QUEUED_STATES, Job, Lease
 from ..types import STATE_NAMES, TIMING_NAMES, TOTAL_NAMES, JobInfo, JobPage, JobState, QueueStats
@@ -264,6 +264,8 @@ def retry(queue: str, job_id: str) -> JobInfo:
                 f"unique_key {job.unique_key!r} is held by active job {other}", field="job_id", holder=other
             ) from None
         add_counters(conn, q.id, retried=1, active=1)
+        if job.has_dependents:  # a member of a batch is unfinished again (docs/reference/semantics.md §9 "Batches")
+            batches.unsettle(conn, [job.seq], "dead")
         db.notify(conn, queue)
 
     db.retrying(apply)
@@ -335,6 +337,8 @@ def cancel(queue: str, job_id: str) -> JobInfo:
             # Its slot goes to the key's next held job (the limit is read under the key's lock:
             # nothing without one). A waiting or held job has no slot.
             slots.give_back(conn, queue_id=q.id, queue=queue, freed=[job.concurrency_key])
+        if job.state == "dead" and job.has_dependents:  # a dead batch member now counts as cancelled
+            batches.unsettle(conn, [job.seq], "dead")
         dependencies.finished(conn, [job.seq], "cancelled")  # its dependents, by their edges' policies
 
     db.retrying(apply)

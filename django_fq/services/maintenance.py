@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import conf, db, storage, validation
+from .. import batches, conf, db, storage, validation
 from ..types import PruneResult, ReapResult
 from . import keys as slots
 from ._base import COUNTER_NAMES, add_counters, get_queue
@@ -70,7 +70,12 @@ def prune(*, retention_ms: int | None = None, limit: int = 100_000) -> PruneResu
             add_counters(conn, queue_id, token_rows=-gone.count(queue_id))
         return len(gone)
 
+    def batch_batch(size):
+        return batches.prune(db.connection(), retention_ms=int(retention), limit=size)
+
     jobs = tokens = 0
+    while db.retrying(batch_batch, BATCH) == BATCH:
+        pass  # finished and cancelled batches past the retention (their members stay, as finished jobs)
     while jobs < limit:
         n = db.retrying(job_batch, min(BATCH, limit - jobs))
         jobs += n

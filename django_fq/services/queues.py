@@ -118,6 +118,8 @@ def delete_queue(queue: str) -> None:
     treated as if that dependency were cancelled (its edge's ``on_failure``:
     ``run`` releases it, ``cancel`` and ``wait`` cancel it).
 
+    Its batches are deleted with it, and no callback of theirs is enqueued.
+
     Raises :class:`QueueNotFound` if it does not exist.
     """
 
@@ -128,6 +130,10 @@ def delete_queue(queue: str) -> None:
         # them, and stop new ones, so the DELETE below sees every job.
         store = storage.for_connection(conn)
         store.lock_queue_row(conn, QUEUE, q.id, exclusive=True)
+        # Its batches go first, so that its members' cancel below enqueues no callback.
+        from .. import batches
+
+        batches.forget_queue(conn, q.id)
         # Jobs of other queues that depend on this queue's unfinished jobs: their dependencies
         # go away as if cancelled (docs/reference/semantics.md §9 "Dependencies").
         unfinished = [seq for seq, state in store.queue_dependency_rows(conn, q.id) if state != "succeeded"]

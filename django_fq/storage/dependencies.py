@@ -22,6 +22,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 DEPENDENCY_TABLE = "django_fq_dependency"
 _JOB = "django_fq_job"
 _QUEUE = "django_fq_queue"
+#: Batch rows and batch memberships (:class:`~django_fq.models.Batch`, :class:`~django_fq.models.BatchMember`).
+BATCH_TABLE = "django_fq_batch"
+BATCH_MEMBER_TABLE = "django_fq_batch_member"
+#: Batch states whose callback has not fired yet: their members are never pruned.
+OPEN_BATCH_SQL = "'open', 'sealed'"
 #: Rows per statement of an ``IN`` list or a multi-row ``INSERT``: under every backend's parameter limit.
 CHUNK = 500
 #: Stored states of a job that is not finished: a finished job a job in one of these still depends on
@@ -230,12 +235,40 @@ class DependencySql:
         return gone
 
     def delete_dependencies(self, conn: Any, seqs: Sequence[int]) -> None:
-        """Delete the edges into and out of jobs ``seqs`` (being deleted in this transaction). Two round trips per 500."""
+        """Delete the edges into and out of jobs ``seqs`` (being deleted in this transaction), and their batch
+        memberships. Three round trips per 500."""
         with conn.cursor() as cur:
             for part in self._parts(sorted(set(seqs))):
-                for column in ("job_id", "upstream_id"):
+                for table, column in (
+                    (DEPENDENCY_TABLE, "job_id"), (DEPENDENCY_TABLE, "upstream_id"), (BATCH_MEMBER_TABLE, "job_id"),
+                ):  # fmt: skip
                     where, params = self.in_sql(column, part)
-                    cur.execute(f"DELETE FROM {DEPENDENCY_TABLE} WHERE {where}", params)
+                    cur.execute(f"DELETE FROM {table} WHERE {where}", params)
+
+    def join_batch(self, conn: Any, batch_id: int, uids: Sequence[str]) -> None:
+        """Jobs ``uids`` (inserted by this transaction) become members of batch ``batch_id``.
+
+        Each is flagged ``has_dependents``, so whoever finishes it (the
+        one-statement ack leaves flagged jobs to the judged path) counts it in
+        its batch. Two round trips per 500 jobs.
+        """
+        with conn.cursor() as cur:
+            for part in self._parts(list(uids)):
+                where, params = self.in_sql("uid", part)
+                cur.execute(
+                    f"INSERT INTO {BATCH_MEMBER_TABLE} (job_id, batch_id) SELECT seq, %s FROM {_JOB} WHERE {where}",
+                    [batch_id, *params],
+                )
+                cur.execute(f"UPDATE {_JOB} SET has_dependents = TRUE WHERE {where} AND NOT has_dependents", params)
+
+    def batches_of(self, conn: Any, seqs: Sequence[int]) -> dict[int, int]:
+        """``{batch id: members among jobs seqs}`` by the membership's primary key. One round trip per 500."""
+        out: dict[int, int] = {}
+        with conn.cursor() as cur:
+            rows = self._select_in(cur, f"SELECT batch_id FROM {BATCH_MEMBER_TABLE} WHERE {{where}}", "job_id", sorted(set(seqs)))
+        for (batch_id,) in rows:
+            out[int(batch_id)] = out.get(int(batch_id), 0) + 1
+        return out
 
     def queue_dependency_rows(self, conn: Any, queue_id: int) -> list[tuple[int, str]]:
         """``(seq, state)`` of queue ``queue_id``'s jobs that others depend on (``has_dependents``). One round trip."""
@@ -246,21 +279,32 @@ class DependencySql:
             return [(int(s), st) for s, st in cur.fetchall()]
 
     def delete_queue_dependencies(self, conn: Any, queue_id: int) -> None:
-        """Delete the edges into and out of queue ``queue_id``'s jobs (before the jobs go). Two round trips."""
+        """Delete the edges into and out of queue ``queue_id``'s jobs (before the jobs go), and the queue's
+        batches with their memberships. Five round trips."""
         with conn.cursor() as cur:
-            for column in ("job_id", "upstream_id"):
+            for table, column in (
+                (DEPENDENCY_TABLE, "job_id"), (DEPENDENCY_TABLE, "upstream_id"), (BATCH_MEMBER_TABLE, "job_id"),
+            ):  # fmt: skip
                 cur.execute(
-                    f"DELETE FROM {DEPENDENCY_TABLE} WHERE {column} IN "
-                    f"(SELECT seq FROM {_JOB} WHERE queue_id = %s)",
-                    [queue_id],
+                    f"DELETE FROM {table} WHERE {column} IN (SELECT seq FROM {_JOB} WHERE queue_id = %s)", [queue_id]
                 )
+            cur.execute(
+                f"DELETE FROM {BATCH_MEMBER_TABLE} WHERE batch_id IN (SELECT id FROM {BATCH_TABLE} WHERE queue_id = %s)",
+                [queue_id],
+            )
+            cur.execute(f"DELETE FROM {BATCH_TABLE} WHERE queue_id = %s", [queue_id])
 
     def prunable_sql(self, alias: str) -> str:
         """SQL condition: job ``alias`` (a finished one prune looks at) has no unfinished dependent.
 
-        Only jobs flagged ``has_dependents`` pay for the probe, by the ``(upstream, job)`` index.
+        Nor is it a member of a batch whose callback has not fired (open or
+        sealed: its members stay listed until then). Only jobs flagged
+        ``has_dependents`` pay for the probes, by the ``(upstream, job)`` index
+        and the membership's primary key.
         """
         return (
-            f"(NOT {alias}.has_dependents OR NOT EXISTS (SELECT 1 FROM {DEPENDENCY_TABLE} e "
-            f"JOIN {_JOB} d ON d.seq = e.job_id WHERE e.upstream_id = {alias}.seq AND d.state IN ({UNFINISHED_SQL})))"
+            f"(NOT {alias}.has_dependents OR (NOT EXISTS (SELECT 1 FROM {DEPENDENCY_TABLE} e "
+            f"JOIN {_JOB} d ON d.seq = e.job_id WHERE e.upstream_id = {alias}.seq AND d.state IN ({UNFINISHED_SQL})) "
+            f"AND NOT EXISTS (SELECT 1 FROM {BATCH_MEMBER_TABLE} m JOIN {BATCH_TABLE} b ON b.id = m.batch_id "
+            f"WHERE m.job_id = {alias}.seq AND b.state IN ({OPEN_BATCH_SQL}))))"
         )

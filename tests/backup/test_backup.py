@@ -105,8 +105,9 @@ def test_export_file_shape_and_what_it_leaves_out():
     secret = ids["running_receipt"].rsplit(".", 1)[1]
     assert secret not in text and lease.receipt_hash not in text
     assert "receipt" not in text and "settled" not in text
-    # depends_on is written only for a job that has dependencies (tests/services/test_dependencies.py)
-    assert {k for r in rows if r.get("type") == "job" for k in r} == set(backup._JOB_KEYS) - {"depends_on"}
+    # depends_on is written only for a job that has dependencies (tests/services/test_dependencies.py),
+    # batch only for a member of a batch (tests/backup/test_batches.py)
+    assert {k for r in rows if r.get("type") == "job" for k in r} == set(backup._JOB_KEYS) - {"depends_on", "batch"}
 
     _, done = job_line(text, ids["succeeded"])
     assert done["state"] == "succeeded" and done["result"] == {"ok": True, "ü": [1.25, None]}

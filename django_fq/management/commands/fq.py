@@ -34,7 +34,7 @@ from django.core.management.base import BaseCommand, CommandError, SystemCheckEr
 from django.db import OperationalError, ProgrammingError
 from django.utils.connection import ConnectionDoesNotExist
 
-from ... import backup, conf, health, services, workflows
+from ... import backup, batches, conf, health, services, workflows
 from ...exceptions import FqError, InvalidArgument, InvalidBackup, InvalidJson
 from ...services import dependencies
 from ...types import STATE_NAMES, TOTAL_NAMES
@@ -54,6 +54,8 @@ OPTION_OF_FIELD = {
     "idempotency_retention_ms": "--idempotency-retention",
     "unique_key": "--unique-key",
     "concurrency_key": "--concurrency-key",
+    "batch": "--batch",
+    "batch_id": "BATCH_ID",
     "key_concurrency": "--key-concurrency",
     "key_rate_limit": "--key-rate-limit",
     "max_attempts": "--max-attempts",
@@ -188,7 +190,7 @@ class Command(BaseCommand):
             "Add many jobs in one transaction (all or nothing) from a JSON array of envelopes or JSON lines "
             '(one envelope per line). An envelope is {"payload": ..., "priority", "delay_ms", "at", '
             '"idempotency", "idempotency_retention_ms", "unique_key", "max_attempts", "timeout_ms", "metadata", '
-            '"concurrency_key", "depends_on"}.',
+            '"concurrency_key", "depends_on", "batch"}.',
         )
         queue(p)
         p.add_argument("source", metavar="SOURCE", help="file path, or - to read stdin")
@@ -242,6 +244,22 @@ class Command(BaseCommand):
         p.add_argument("action", choices=("show", "cancel"), help="show the tree, or cancel the unfinished steps")
         queue(p)
         p.add_argument("job_id", metavar="JOB_ID", help="any job of the workflow")
+
+        p = op(
+            "batch",
+            "Batches of jobs with one callback once every member finished: create QUEUE, add BATCH_ID SOURCE "
+            "(envelopes as for enqueue-many), seal BATCH_ID, show BATCH_ID (counts, progress, members), "
+            "list [QUEUE], cancel BATCH_ID.",
+        )
+        p.add_argument("action", choices=("create", "add", "seal", "show", "list", "cancel"), help="what to do")
+        p.add_argument("target", metavar="QUEUE|BATCH_ID", nargs="?", default=None, help="QUEUE for create and list, else BATCH_ID")
+        p.add_argument("source", metavar="SOURCE", nargs="?", default=None, help="add: file path of envelopes, or - to read stdin")
+        p.add_argument("--callback", metavar="PAYLOAD_JSON", help="create: the callback's payload (no callback without it)")
+        p.add_argument("--callback-queue", dest="callback_queue", metavar="QUEUE", help="create: the callback's queue (default: the batch's)")
+        p.add_argument("--callback-options", dest="callback_options", metavar="JSON", help='create: the callback\'s options, e.g. \'{"priority": 5, "metadata": {...}}\'')
+        p.add_argument("--state", help="show: only members in this state; list: only batches in this state")
+        p.add_argument("--count", type=_integer, default=20, metavar="N", help="show: members listed; list: batches listed (1-1000, default 20)")
+        p.add_argument("--after", metavar="ID", help="show: members after this job id; list: batches after this batch id")
 
         p = op("jobs", "List a queue's jobs (metadata only), one page at a time.")
         queue(p)
@@ -323,6 +341,7 @@ class Command(BaseCommand):
         p.add_argument("--timeout", dest="timeout_ms", type=_integer, metavar="MS", help="0 - 7 days, 0 = none (default: the queue's policy)")
         p.add_argument("--metadata", metavar="JSON", help='job metadata, a JSON object (e.g. \'{"tenant": "acme", "tags": ["eu"]}\'); at most FQ_MAX_METADATA_BYTES')
         p.add_argument("--depends-on", dest="depends_on", action="append", metavar="ID[:POLICY]", help="run only after this job succeeded (repeatable, at most 1000; any queue); POLICY when it goes dead or is cancelled: cancel (default), run or wait")
+        p.add_argument("--batch", metavar="BATCH_ID", help="join this open batch of the queue (fq batch create)")
 
     # --- dispatch -------------------------------------------------------------------------
 
@@ -449,6 +468,7 @@ class Command(BaseCommand):
             metadata=cast(dict, metadata),
             concurrency_key=o["concurrency_key"],
             depends_on=dependencies.parse_cli(o.get("depends_on")),
+            batch=o.get("batch"),
         )
         self._emit(_enqueued(res), _enqueued_line)
 
@@ -552,6 +572,47 @@ class Command(BaseCommand):
             self._emit(asdict(workflows.cancel(o["queue"], o["job_id"])), lambda d: f"cancelled {d['cancelled']} step(s); {d['finished']} had finished")
             return
         self._emit(asdict(workflows.show(o["queue"], o["job_id"])), _workflow_tree)
+
+    def do_batch(self, o):
+        action, target = o["action"], o["target"]
+        if action == "list":
+            rows = [b.as_dict() for b in batches.list_batches(target, state=o["state"], limit=o["count"], after=o["after"])]
+            head = ["BATCH", "QUEUE", "STATE", "DONE", "TOTAL", "SUCCEEDED", "DEAD", "CANCELLED", "CALLBACK"]
+            body = [
+                [r["id"], r["queue"], r["state"], r["done"], r["total"], r["succeeded"], r["dead"], r["cancelled"], r["callback_job"] or "-"]
+                for r in rows
+            ]  # fmt: skip
+            self._emit(rows, lambda rows: _table(head, body) if rows else "no batches")
+            return
+        if target is None:
+            field = "queue" if action == "create" else "batch_id"
+            raise InvalidArgument(f"fq batch {action} needs {'QUEUE' if action == 'create' else 'BATCH_ID'}", field=field)
+        if action == "create":
+            callback = None
+            if o["callback"] is not None:
+                payload = parse_json(o["callback"], "callback.payload")[0]
+                options = {} if o["callback_options"] is None else parse_json(o["callback_options"], "callback")[0]
+                if not isinstance(options, dict):
+                    raise InvalidArgument("--callback-options must be a JSON object", field="callback")
+                callback = {**options, "payload": payload, "queue": o["callback_queue"]}
+            elif o["callback_queue"] or o["callback_options"]:
+                raise InvalidArgument("--callback (the payload) is required with a callback queue or options", field="callback.payload")
+            self._emit(batches.create(target, callback=callback).as_dict(), _batch_text)
+        elif action == "add":
+            if o["source"] is None:
+                raise InvalidArgument("fq batch add needs SOURCE (a file of envelopes, or -)", field="source")
+            results = batches.add(target, _envelopes(self._read("source", o["source"])))
+            rows = [_enqueued(r) for r in results]
+            made = sum(r["created"] for r in rows)
+            self._emit(rows, lambda rows: "\n".join([*(_enqueued_line(r) for r in rows), f"{made} added to batch {target}, {len(rows) - made} duplicate(s)"]))
+        elif action == "seal":
+            self._emit(batches.seal(target).as_dict(), _batch_text)
+        elif action == "cancel":
+            self._emit(batches.cancel(target).as_dict(), _batch_text)
+        else:
+            shown = batches.get(target).as_dict()
+            shown["members"] = batches.members(target, state=o["state"], limit=o["count"], after=o["after"])
+            self._emit(shown, _batch_text)
 
     def do_get(self, o):
         self._job(services.get(o["queue"], o["job_id"]))
@@ -700,7 +761,8 @@ class Command(BaseCommand):
             text = (
                 f"queues: {d['queues_created']} created, {d['queues_skipped']} skipped; "
                 f"jobs: {d['jobs_created']} created, {d['jobs_skipped']} skipped; "
-                f"tokens: {d['tokens_created']} created, {d['tokens_skipped']} skipped"
+                f"tokens: {d['tokens_created']} created, {d['tokens_skipped']} skipped; "
+                f"batches: {d['batches_created']} created, {d['batches_skipped']} skipped"
             )
             return text + (" (dry run: nothing was changed)" if d["dry_run"] else "")
 
@@ -907,6 +969,21 @@ def _workflow_tree(d: dict) -> str:
     if d["truncated"]:
         lines.append(f"… more jobs are connected (the first {len(d['steps'])} are shown)")
     return "\n".join(lines)
+
+
+def _batch_text(d: dict) -> str:
+    """A batch for people: state, progress, counts, callback, then its members listed (``show``)."""
+    rows = [
+        ("batch", d["id"]), ("queue", d["queue"]), ("state", d["state"]),
+        ("progress", f"{d['done']}/{d['total']} ({d['progress'] * 100:.1f}%)"),
+        ("succeeded", d["succeeded"]), ("dead", d["dead"]), ("cancelled", d["cancelled"]),
+        ("callback", f"{d['callback_queue']} job {d['callback_job'] or '(not yet)'}" if d["callback_queue"] else "-"),
+        ("created", _when(d["created_at"])), ("sealed", _when(d["sealed_at"])), ("finished", _when(d["finished_at"])),
+    ]  # fmt: skip
+    text = _pairs(rows)
+    if "members" in d:
+        text += "\nmembers:" + "".join(f"\n  {m['id']}  {m['state']}" for m in d["members"]) if d["members"] else "\nmembers: none listed"
+    return text
 
 
 def _progress_text(d: dict) -> str:
