@@ -234,12 +234,16 @@ class Workflow:
 
     def _envelope(self, name: str, ids: Mapping[str, str]) -> dict:
         _, payload, options = self._steps[name]
-        deps: dict[str, str] = {}
+        deps: dict[str, dict] = {}
         for up, policy in self._after[name]:
-            deps.setdefault(ids[up.name] if isinstance(up, Step) else up, policy)
+            if isinstance(up, Step):
+                # The edge carries the step's name: the dependent reads its result as job.upstream[name].
+                deps.setdefault(ids[up.name], {"id": ids[up.name], "on_failure": policy, "name": up.name})
+            else:
+                deps.setdefault(up, {"id": up, "on_failure": policy})
         env = {"payload": payload, **options}
         if deps:
-            env["depends_on"] = [{"id": uid, "on_failure": p} for uid, p in deps.items()]
+            env["depends_on"] = list(deps.values())
         return env
 
 

@@ -302,6 +302,9 @@ class DependencyEdgeSerializer(serializers.Serializer):
     state = serializers.ChoiceField(choices=STATE_NAMES)
     on_failure = serializers.ChoiceField(choices=["cancel", "run", "wait"])
     pending = serializers.BooleanField(help_text="true while the edge keeps the dependent waiting")
+    name = serializers.CharField(
+        required=False, help_text="the edge's name (a workflow step's name), only when it has one"
+    )
 
 
 class JobSerializer(JobListedSerializer):
