@@ -34,6 +34,8 @@ def api_patterns() -> list:
             views.JobWorkflowCancelView.as_view(),
             name="job-workflow-cancel",
         ),
+        path("queues/<str:queue>/jobs/<str:job_id>/upstream/", views.JobUpstreamView.as_view(), name="job-upstream"),
+        path("workflows/", views.WorkflowCreateView.as_view(), name="workflows"),
         path("queues/<str:queue>/claim/", views.ClaimView.as_view(), name="claim"),
         path("queues/<str:queue>/ack/", views.AckView.as_view(), name="ack"),
         path("queues/<str:queue>/nack/", views.NackView.as_view(), name="nack"),

@@ -27,6 +27,8 @@ EXPECTED = {
     "/queues/{queue}/jobs/{job_id}/wait/": {"get", "post"},
     "/queues/{queue}/jobs/{job_id}/workflow/": {"get"},
     "/queues/{queue}/jobs/{job_id}/workflow/cancel/": {"post"},
+    "/queues/{queue}/jobs/{job_id}/upstream/": {"get"},
+    "/workflows/": {"post"},
     "/queues/{queue}/claim/": {"post"},
     "/queues/{queue}/ack/": {"post"},
     "/queues/{queue}/nack/": {"post"},
