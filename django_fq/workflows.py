@@ -328,10 +328,10 @@ def from_spec(spec: object) -> Workflow:
             validation.queue_name(queue)
         except FqError as exc:
             raise type(exc)(f"step {name!r}: {exc.message}", field=f"{where}.queue") from None
-        options = raw.get("options") or {}
+        options = {} if raw.get("options") is None else raw["options"]
         if not isinstance(options, Mapping):
             raise _bad(f"step {name!r}: options must be a JSON object", f"{where}.options")
-        after = raw.get("after") or []
+        after = [] if raw.get("after") is None else raw["after"]
         if not isinstance(after, list):
             raise _bad(f"step {name!r}: after must be a list of step names or job ids", f"{where}.after")
         on_failure = raw.get("on_failure", dependencies.DEFAULT_ON_FAILURE)
@@ -351,7 +351,7 @@ def from_spec(spec: object) -> Workflow:
         for j, ref in enumerate(after):
             items.append(_resolve(ref, made, groups, f"steps[{step.name}].after[{j}]", step.name, ids=True))
         wf.add_edges(step, items, on_failure=on_failure)
-    chains = spec.get("chains") or []
+    chains = [] if spec.get("chains") is None else spec["chains"]
     if not isinstance(chains, list):
         raise _bad("chains must be a list of lists of step or group names", "chains")
     for i, chain in enumerate(chains):

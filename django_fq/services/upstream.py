@@ -150,16 +150,17 @@ def load(job_id: str, *, seq: int | None = None, queues: Collection[str] | None 
     :data:`MAX_RESULTS_BYTES` (the sum is a subquery, so a too-large set
     never leaves the database). Raises :class:`ResultsTooLarge`.
     """
-    from django.db.models import Case, F, OuterRef, Subquery, Sum, Value, When
+    from django.db.models import Case, F, Subquery, Sum, Value, When
 
     from ..models import Dependency
 
     mine = {"job_id": seq} if seq is not None else {"job__uid": job_id}
     scope = {} if queues is None else {"upstream__queue__name__in": sorted(queues)}
     edges = manager(Dependency).filter(**mine, **scope)
+    # Not correlated (the job is a constant): the database computes the sum once, not per edge.
     total = Subquery(
         manager(Dependency)
-        .filter(job_id=OuterRef("job_id"), upstream__state="succeeded", **scope)
+        .filter(**mine, upstream__state="succeeded", **scope)
         .order_by()
         .values("job_id")
         .annotate(t=Sum(db.ByteLength("upstream__result")))
