@@ -46,7 +46,7 @@ PAYLOAD_VERSION = 1
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _STATUS = {
-    # Waiting for dependencies (a job enqueued with depends_on outside this backend): not started yet.
+    # Waiting for dependencies (enqueue_after, chain, or depends_on outside this backend): not started yet.
     "waiting": tasks.TaskResultStatus.READY,
     "scheduled": tasks.TaskResultStatus.READY,
     "ready": tasks.TaskResultStatus.READY,
