@@ -202,3 +202,22 @@ def test_aupstream_reads_the_results_from_an_async_handler(q):
 
     first, again = asyncio.run(handler())
     assert dict(first) == {"a": {"ok": 1}} and again is first and job.upstream is first
+
+
+def test_export_import_keeps_the_edge_names_and_the_results_they_key(q):
+    import io
+
+    from django_fq import backup
+    from django_fq.models import Dependency, Job, Queue
+
+    a = fq.enqueue(q, "a").id
+    fq.ack(q, fq.claim(q)[0].receipt, result={"rows": 5})
+    b = fq.enqueue(q, "b", depends_on=[{"id": a, "name": "import"}]).id
+    out = io.StringIO()
+    backup.export_jsonl(out)
+    Dependency.objects.all().delete()
+    Job.objects.all().delete()
+    Queue.objects.all().delete()
+    backup.import_jsonl(out.getvalue().splitlines())
+    assert dict(fq.results(q, b)) == {"import": {"rows": 5}}
+    assert fq.get(q, b).depends_on[0]["name"] == "import"
