@@ -32,7 +32,8 @@ the same way: a job waiting for its key's slot is exported ``scheduled`` or
 waiting keyed jobs again, in claim order, up to the limit (a ``waiting`` keyed
 job takes no slot until its dependencies have succeeded). ``depends_on`` (absent
 when the job has no dependency) lists ``{"id", "on_failure", "pending"}`` per
-dependency, which may be a job of any queue, in the file or in the importing
+dependency (and ``"name"`` for a named edge, the key of its result in
+``job.upstream``), which may be a job of any queue, in the file or in the importing
 database; the import writes the edges once every line is in (an unknown
 dependency is refused by line and ``depends_on[i]``), and keeps an edge pending
 only while its dependency has not succeeded there
@@ -416,7 +417,7 @@ def _job_pages(queue_id: int, exported_at: int):
 
 
 def _edges_of(seqs: list[int]) -> dict[int, list[dict]]:
-    """The dependencies of jobs ``seqs`` (one page), as export items: ``{"id", "on_failure", "pending"}``."""
+    """The dependencies of jobs ``seqs`` (one page), as export items: ``{"id", "on_failure", "pending"}`` (and ``"name"``)."""
     out: dict[int, list[dict]] = {}
     if not seqs:
         return out
@@ -424,11 +425,14 @@ def _edges_of(seqs: list[int]) -> dict[int, list[dict]]:
         manager(Dependency)
         .filter(job_id__in=seqs)
         .order_by("job_id", "upstream_id")
-        .values_list("job_id", "upstream__uid", "on_failure", "pending")
+        .values_list("job_id", "upstream__uid", "on_failure", "pending", "name")
     )
-    for seq, uid, policy, pending in rows:
+    for seq, uid, policy, pending, name in rows:
         if uid is not None:  # the dependency was pruned: the edge is history
-            out.setdefault(seq, []).append({"id": uid, "on_failure": policy, "pending": bool(pending)})
+            item = {"id": uid, "on_failure": policy, "pending": bool(pending)}
+            if name is not None:
+                item["name"] = name
+            out.setdefault(seq, []).append(item)
     return out
 
 
@@ -547,8 +551,8 @@ def import_jsonl(lines: Iterable[str | bytes], *, dry_run: bool = False, progres
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _import_edges(line: _Line) -> list[tuple[str, str, bool]]:
-    """A job line's ``depends_on``: ``(uid, on_failure, pending)`` per item; ``[]`` when absent."""
+def _import_edges(line: _Line) -> list[tuple[str, str, bool, str | None]]:
+    """A job line's ``depends_on``: ``(uid, on_failure, pending, name)`` per item; ``[]`` when absent."""
     raw = line.get("depends_on", default=None)
     if raw is None:
         return []
@@ -564,7 +568,7 @@ def _import_edges(line: _Line) -> list[tuple[str, str, bool]]:
         parsed = dependencies.parse([{k: v for k, v in e.items() if k != "pending"} for e in raw]) or ()
     except InvalidArgument as exc:
         raise line.error(exc.message, exc.field) from None
-    return [(e.id, e.on_failure, flag) for e, flag in zip(parsed, pending, strict=True)]
+    return [(e.id, e.on_failure, flag, e.name) for e, flag in zip(parsed, pending, strict=True)]
 
 
 def _history_entry(line: _Line, entry: dict) -> dict:
@@ -883,7 +887,7 @@ class _Importer:
         max_attempts = line.integer("max_attempts", *POLICY_BOUNDS["max_attempts"])
         attempts = line.integer("attempts", 0, max_attempts, hint="a job never passes its max_attempts")
         edges = _import_edges(line)
-        if state == "waiting" and not any(pending for _, _, pending in edges):
+        if state == "waiting" and not any(pending for _, _, pending, _ in edges):
             raise line.error("a waiting job needs a pending dependency", "depends_on")
         waiting = state in ("scheduled", "ready", "waiting")
         if waiting and attempts == max_attempts:
@@ -1133,14 +1137,14 @@ class _Importer:
             return
         conn = db.connection()
         store = storage.for_connection(conn)
-        found = store.lock_dependencies(conn, [uid for p in self.with_edges for uid, _, _ in p.edges])
+        found = store.lock_dependencies(conn, [uid for p in self.with_edges for uid, *_ in p.edges])
         seqs = store.job_seqs(conn, [p.job.uid for p in self.with_edges])
-        rows: list[tuple[int, int, str, bool]] = []
+        rows: list[tuple[int, int, str, bool, str | None]] = []
         waiting: list[tuple[int, int]] = []
         ready: list[tuple[int, int]] = []
         for p in self.with_edges:
             n = 0
-            for i, (uid, policy, pending) in enumerate(p.edges):
+            for i, (uid, policy, pending, name) in enumerate(p.edges):
                 if uid not in found:
                     raise InvalidBackup(
                         f"no job {uid} in the file or the database (export the queue it belongs to too)",
@@ -1151,7 +1155,7 @@ class _Importer:
                 done = up_state == "succeeded" or (up_state in ("dead", "cancelled") and policy == "run")
                 still = pending and p.job.state == "waiting" and not done
                 n += still
-                rows.append((seqs[p.job.uid], found[uid][0], policy, still))
+                rows.append((seqs[p.job.uid], found[uid][0], policy, still, name))
             if p.job.state == "waiting":
                 (waiting if n else ready).append((seqs[p.job.uid], n))
                 # Made queued below: a keyed one is admitted to its key's slots by finish() (rebalance).

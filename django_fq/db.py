@@ -53,6 +53,20 @@ class DbNow(Func):
         return now_sql(connection), []
 
 
+class ByteLength(Func):
+    """ORM expression: the size of a text column in bytes of UTF-8 (``NULL`` stays ``NULL``).
+
+    ``OCTET_LENGTH`` on PostgreSQL and MariaDB/MySQL (utf8mb4 columns);
+    SQLite's ``LENGTH`` counts characters, so there the text is measured as a BLOB.
+    """
+
+    function = "OCTET_LENGTH"
+    output_field = BigIntegerField()
+
+    def as_sqlite(self, compiler, connection, **extra):
+        return self.as_sql(compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))", **extra)
+
+
 def db_now_ms() -> int:
     """Read the database clock (epoch ms). For reporting only; never compare against it in Python."""
     with connection().cursor() as cur:

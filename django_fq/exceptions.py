@@ -76,6 +76,13 @@ class PayloadTooLarge(InvalidArgument):
     status = 413
 
 
+class ResultsTooLarge(FqError):
+    """The results of a job's dependencies are too large to read at once."""
+
+    code = "results_too_large"
+    status = 413
+
+
 class CountOutOfRange(InvalidArgument):
     """Count out of range."""
 

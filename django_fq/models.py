@@ -278,6 +278,9 @@ class Dependency(models.Model):
     )
     on_failure = models.CharField(max_length=6, default="cancel")
     pending = models.BooleanField(default=True)
+    #: The key of the upstream job's result in the dependent's ``job.upstream`` (the workflow
+    #: builder writes the step's name), or ``None``: the result is then keyed by the job id.
+    name = models.CharField(max_length=200, null=True, blank=True)
 
     class Meta:
         db_table = "django_fq_dependency"

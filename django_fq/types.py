@@ -192,7 +192,8 @@ class JobInfo:
     ``retry`` (at most 1,000; docs/reference/semantics.md §9 "Verbs and arguments").
     ``depends_on`` (``get`` only) lists the job's dependencies and
     ``dependents`` the jobs that depend on it (the first 1,000, oldest first),
-    each ``{"id", "queue", "state", "on_failure", "pending"}``: ``pending``
+    each ``{"id", "queue", "state", "on_failure", "pending"}`` (and ``"name"``
+    for a named edge: a workflow step's name): ``pending``
     while the edge still holds the dependent ``waiting``
     (docs/reference/semantics.md §9 "Dependencies").
     """

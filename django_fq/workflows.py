@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from django.db import transaction
@@ -78,6 +78,8 @@ class Workflow:
         self._after: dict[str, list[tuple[Step | str, str]]] = {}
         self._order: list[str] = []
         self._named: set[str] = set()  # steps given a name (not the default "<queue>#<n>")
+        #: Built from a document (:func:`from_spec`): an option's error is named under ``options``.
+        self._from_spec = False
 
     def step(
         self,
@@ -163,6 +165,14 @@ class Workflow:
         """
         return self.step(queue, payload, name=name, after=[group], on_failure="run", **options)
 
+    def steps(self) -> list[Step]:
+        """Every step, in the order they were added."""
+        return [Step(name, self._steps[name][0], self) for name in self._order]
+
+    def external_dependencies(self) -> list[tuple[str, str]]:
+        """``(step name, job id)`` for each ``after`` naming a job enqueued before (not a step of this workflow)."""
+        return [(name, up) for name in self._order for up, _ in self._after[name] if isinstance(up, str)]
+
     def _own(self, step: Step) -> str:
         if not isinstance(step, Step) or step.workflow is not self or step.name not in self._steps:
             name = getattr(step, "name", step)
@@ -218,20 +228,23 @@ class Workflow:
             raise WorkflowError(f"step {stuck!r} is on a cycle of dependencies", field=f"steps[{stuck}].after")
         return out
 
-    def enqueue(self) -> dict[str, str]:
+    def enqueue(self, *, create_queues: bool | Collection[str] = True) -> dict[str, str]:
         """Enqueue every step in one transaction (the caller's, when one is open); return ``{step name: job id}``.
 
         All or nothing: an error names the step (``steps[NAME].field``) and
         leaves nothing written. A step that an idempotency token or unique key
         coalesces onto an existing job is that job (its dependents wait for it).
+        ``create_queues``: whether a step's queue that does not exist is
+        created (``True``, as ``enqueue`` does), never (``False``: the error
+        ``queue_not_found`` naming the step), or only for the queue names given.
         Raises :class:`WorkflowError` and the errors of ``enqueue_many``.
         """
         levels = self.levels()
         if not levels:
             return {}
-        return db.retrying(self._write, levels)
+        return db.retrying(self._write, levels, create_queues)
 
-    def _write(self, levels: list[list[str]]) -> dict[str, str]:
+    def _write(self, levels: list[list[str]], create_queues: bool | Collection[str] = True) -> dict[str, str]:
         ids: dict[str, str] = {}
         with transaction.atomic(using=conf.database()):
             for level in levels:
@@ -240,38 +253,211 @@ class Workflow:
                     by_queue[self._steps[name][0]].append(name)
                 for queue, names in by_queue.items():
                     items = [self._envelope(n, ids) for n in names]
+                    create = create_queues if isinstance(create_queues, bool) else queue in create_queues
                     try:
-                        results = _enqueue_many(queue, items)
+                        results = _enqueue_many(queue, items, create)
                     except FqError as exc:
                         _name_the_step(exc, names)
+                        step = _step_of(exc.field)
+                        if self._from_spec and step in self._steps:
+                            _under_options(exc, step, self._steps[step][2])
                         raise
                     ids.update((n, r.id) for n, r in zip(names, results, strict=True))
         return ids
 
     def _envelope(self, name: str, ids: Mapping[str, str]) -> dict:
         _, payload, options = self._steps[name]
-        deps: dict[str, str] = {}
+        deps: dict[str, dict] = {}
         for up, policy in self._after[name]:
-            deps.setdefault(ids[up.name] if isinstance(up, Step) else up, policy)
+            if isinstance(up, Step):
+                # The edge carries the step's name: the dependent reads its result as job.upstream[name].
+                deps.setdefault(ids[up.name], {"id": ids[up.name], "on_failure": policy, "name": up.name})
+            else:
+                deps.setdefault(up, {"id": up, "on_failure": policy})
         env = {"payload": payload, **options}
         meta = options.get("metadata")
         if name in self._named and (meta is None or (isinstance(meta, dict) and "step" not in meta)):
             # First, so that a reader of the metadata's first characters finds it (the admin's graph).
             env["metadata"] = {"step": name, **(meta or {})}
         if deps:
-            env["depends_on"] = [{"id": uid, "on_failure": p} for uid, p in deps.items()]
+            env["depends_on"] = list(deps.values())
         return env
 
 
-def _enqueue_many(queue: str, items: list[dict]):
+# --- a workflow as data: the REST body and the CLI's file -----------------------------------------
+
+#: Keys of one step of a workflow document.
+STEP_KEYS = frozenset({"name", "queue", "payload", "options", "after", "on_failure"})
+#: Keys of a workflow document.
+SPEC_KEYS = frozenset({"steps", "groups", "chains"})
+
+
+def _bad(message: str, field: str) -> InvalidWorkflow:
+    return InvalidWorkflow(message, field=field)
+
+
+def from_spec(spec: object) -> Workflow:
+    """A :class:`Workflow` built from a JSON document (``POST workflows/``, ``fq workflow create``).
+
+    ``spec``: ``{"steps": [step, …], "groups": {name: [step names]}, "chains":
+    [[names], …]}`` (``groups`` and ``chains`` optional). A step is ``{"name",
+    "queue", "payload", "options", "after", "on_failure"}``: ``name`` (1–200
+    characters, unique) and ``queue`` required, ``payload`` required (any
+    JSON), ``options`` an object of ``enqueue`` options (``priority``,
+    ``delay_ms``, ``at``, ``idempotency``, ``unique_key``, ``max_attempts``,
+    ``timeout_ms``, ``metadata``, ``concurrency_key``, …), ``after`` a list of
+    step names, group names (every member) or ids of jobs enqueued before,
+    ``on_failure`` the policy of its ``after`` edges (``cancel``, ``run``,
+    ``wait``). A group names steps to wait for together; a chain makes each
+    of its names (steps or groups) run after the one before, with the
+    ``cancel`` policy. At most :data:`MAX_STEPS` steps.
+
+    Raises :class:`InvalidWorkflow` naming the step and field
+    (``steps[NAME].after[0]``, ``steps[3].name`` before a step has a name,
+    ``groups[G][1]``, ``chains[0][2]``); nothing is enqueued by this call.
+    """
+    if not isinstance(spec, Mapping):
+        raise _bad("a workflow is a JSON object with steps", "steps")
+    unknown = sorted(str(k) for k in spec if k not in SPEC_KEYS)
+    if unknown:
+        raise _bad(f"unknown field {unknown[0]}", unknown[0])
+    raw_steps = spec.get("steps")
+    if not isinstance(raw_steps, list) or not raw_steps:
+        raise _bad("steps must be a non-empty list of steps", "steps")
+    if len(raw_steps) > MAX_STEPS:
+        raise _bad(f"a workflow has at most {MAX_STEPS} steps, not {len(raw_steps)}", "steps")
+    wf = Workflow()
+    wf._from_spec = True
+    made: dict[str, Step] = {}
+    pending_after: list[tuple[Step, list, str]] = []
+    for i, raw in enumerate(raw_steps):
+        if not isinstance(raw, Mapping):
+            raise _bad(f"steps[{i}] must be a JSON object", f"steps[{i}]")
+        name = raw.get("name")
+        if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME:
+            raise _bad(f"steps[{i}].name must be a string of 1-{MAX_NAME} characters", f"steps[{i}].name")
+        where = f"steps[{name}]"
+        extra = sorted(str(k) for k in raw if k not in STEP_KEYS)
+        if extra:
+            raise _bad(f"step {name!r}: unknown field {extra[0]}", f"{where}.{extra[0]}")
+        for key in ("queue", "payload"):
+            if key not in raw:
+                raise _bad(f"step {name!r}: {key} is required", f"{where}.{key}")
+        queue = raw["queue"]
+        try:
+            validation.queue_name(queue)
+        except FqError as exc:
+            raise type(exc)(f"step {name!r}: {exc.message}", field=f"{where}.queue") from None
+        options = {} if raw.get("options") is None else raw["options"]
+        if not isinstance(options, Mapping):
+            raise _bad(f"step {name!r}: options must be a JSON object", f"{where}.options")
+        after = [] if raw.get("after") is None else raw["after"]
+        if not isinstance(after, list):
+            raise _bad(f"step {name!r}: after must be a list of step names or job ids", f"{where}.after")
+        on_failure = raw.get("on_failure", dependencies.DEFAULT_ON_FAILURE)
+        if on_failure not in dependencies.ON_FAILURE:
+            raise _bad(
+                f"step {name!r}: on_failure must be one of {', '.join(dependencies.ON_FAILURE)}", f"{where}.on_failure"
+            )
+        bad = sorted(str(k) for k in options if k not in _OPTIONS)
+        if bad:
+            raise _bad(f"step {name!r}: unknown option {bad[0]}", f"{where}.options.{bad[0]}")
+        step = wf.step(queue, raw["payload"], name=name, **options)
+        made[name] = step
+        pending_after.append((step, after, on_failure))
+    groups = _spec_groups(wf, spec.get("groups"), made)
+    for step, after, on_failure in pending_after:
+        items: list[Step | Group | str] = []
+        for j, ref in enumerate(after):
+            items.append(_resolve(ref, made, groups, f"steps[{step.name}].after[{j}]", step.name, ids=True))
+        wf.add_edges(step, items, on_failure=on_failure)
+    chains = [] if spec.get("chains") is None else spec["chains"]
+    if not isinstance(chains, list):
+        raise _bad("chains must be a list of lists of step or group names", "chains")
+    for i, chain in enumerate(chains):
+        if not isinstance(chain, list) or len(chain) < 2:
+            raise _bad(f"chains[{i}] must list at least two step or group names", f"chains[{i}]")
+        links = [_resolve(ref, made, groups, f"chains[{i}][{j}]", None, ids=False) for j, ref in enumerate(chain)]
+        wf.chain(*links)  # ids=False: only steps and groups
+    return wf
+
+
+def create(spec: object, *, create_queues: bool | Collection[str] = True) -> dict[str, str]:
+    """Build the workflow of ``spec`` (:func:`from_spec`) and enqueue it (:meth:`Workflow.enqueue`).
+
+    Returns ``{step name: job id}``. All or nothing; the errors of both, each
+    naming the step; an error about an option names it under ``options``
+    (``steps[NAME].options.priority``).
+    """
+    return from_spec(spec).enqueue(create_queues=create_queues)
+
+
+def _step_of(field: str | None) -> str | None:
+    if not field or not field.startswith("steps["):
+        return None
+    name, sep, _ = field[len("steps[") :].partition("]")
+    return name if sep else None
+
+
+def _under_options(exc: FqError, name: str, options: Mapping) -> None:
+    """``steps[NAME].priority`` → ``steps[NAME].options.priority`` for a key of the step's ``options``."""
+    head = f"steps[{name}]."
+    field = exc.field or ""
+    if field.startswith(head):
+        rest = field[len(head) :]
+        if rest.split(".", 1)[0].split("[", 1)[0] in options:
+            exc.field = f"{head}options.{rest}"
+
+
+def _spec_groups(wf: Workflow, raw: object, made: Mapping[str, Step]) -> dict[str, Group]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise _bad("groups must be an object of group name: [step names]", "groups")
+    out: dict[str, Group] = {}
+    for gname, members in raw.items():
+        where = f"groups[{gname}]"
+        if gname in made:
+            raise _bad(f"group {gname!r}: the name is a step's name", where)
+        if not isinstance(members, list) or not members:
+            raise _bad(f"group {gname!r} must list step names", where)
+        steps = []
+        for j, m in enumerate(members):
+            if not isinstance(m, str) or m not in made:
+                raise _bad(f"group {gname!r}: no step {m!r} in the workflow", f"{where}[{j}]")
+            steps.append(made[m])
+        out[str(gname)] = wf.group(*steps)
+    return out
+
+
+def _resolve(ref: object, made: Mapping[str, Step], groups: Mapping[str, Group], field: str, step: str | None, *, ids: bool):
+    """A name in ``after`` or a chain: a step, a group, or (``ids``) the id of a job enqueued before."""
+    if isinstance(ref, str):
+        if ref in made:
+            return made[ref]
+        if ref in groups:
+            return groups[ref]
+        if ids and validation.job_id(ref):
+            return ref
+    who = f"step {step!r}: " if step is not None else ""
+    what = "step names, group names or job ids" if ids else "step or group names"
+    raise _bad(f"{who}{field} is not a step of the workflow ({what})", field)
+
+
+def _enqueue_many(queue: str, items: list[dict], create_queue: bool = True):
     from .services import enqueue_many
 
-    return enqueue_many(queue, items)
+    return enqueue_many(queue, items, create_queue=create_queue)
 
 
 def _name_the_step(exc: FqError, names: list[str]) -> None:
     """``items[i].field`` of ``enqueue_many`` → ``steps[NAME].field``, in the field and the message."""
     field = exc.field or ""
+    if field in ("", "queue") and names and exc.code == "queue_not_found":
+        exc.field = f"steps[{names[0]}].queue"
+        exc.message = f"step {names[0]!r}: {exc.message}"
+        exc.args = (exc.message,)
+        return
     if field.startswith("items["):
         index, _, rest = field[len("items[") :].partition("]")
         if index.isdigit() and int(index) < len(names):
@@ -387,4 +573,4 @@ def cancel(
     return db.retrying(apply)
 
 
-__all__ = ["MAX_EDGES", "MAX_STEPS", "Group", "InvalidDependency", "InvalidWorkflow", "Step", "Workflow", "WorkflowError", "WorkflowInfo", "cancel", "show"]
+__all__ = ["MAX_EDGES", "MAX_STEPS", "Group", "InvalidDependency", "InvalidWorkflow", "Step", "Workflow", "WorkflowError", "WorkflowInfo", "cancel", "create", "from_spec", "show"]

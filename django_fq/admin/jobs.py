@@ -591,24 +591,25 @@ EDGES_SHOWN = 1000
 
 
 def _edge_links(model, where: dict, other: str, site: str):
-    """The jobs at the other end of a job's edges: a link, the queue, the state and the edge's policy each."""
+    """The jobs at the other end of a job's edges: a link, the queue, the state, the edge's policy and name each."""
     reported = reported_expression(f"{other}__")
     rows = list(
         model.objects.using(conf.database())
         .filter(**where)
         .annotate(reported=reported)
         .order_by(f"{other}_id")
-        .values_list(f"{other}_id", f"{other}__uid", f"{other}__queue__name", "reported", "on_failure", "pending")[
-            : EDGES_SHOWN + 1
-        ]
+        .values_list(
+            f"{other}_id", f"{other}__uid", f"{other}__queue__name", "reported", "on_failure", "pending", "name"
+        )[: EDGES_SHOWN + 1]
     )
     if not rows:
         return display.EMPTY
     items = format_html_join(
         "",
-        '<li><a href="{}">{}</a> ({}) <span class="fq-state fq-state-{}">{}</span> on failure: {}{}</li>',
+        '<li>{}<a href="{}">{}</a> ({}) <span class="fq-state fq-state-{}">{}</span> on failure: {}{}</li>',
         (
             (
+                format_html("<code>{}</code> ", name) if name is not None else "",
                 reverse("admin:django_fq_job_change", args=[seq], current_app=site),
                 uid,
                 queue,
@@ -617,7 +618,7 @@ def _edge_links(model, where: dict, other: str, site: str):
                 policy,
                 " (pending)" if pending else "",
             )
-            for seq, uid, queue, state, policy, pending in rows[:EDGES_SHOWN]
+            for seq, uid, queue, state, policy, pending, name in rows[:EDGES_SHOWN]
         ),
     )
     more = format_html("<p>the first {} are shown</p>", EDGES_SHOWN) if len(rows) > EDGES_SHOWN else ""

@@ -311,6 +311,9 @@ class DependencyEdgeSerializer(serializers.Serializer):
     state = serializers.ChoiceField(choices=STATE_NAMES)
     on_failure = serializers.ChoiceField(choices=["cancel", "run", "wait"])
     pending = serializers.BooleanField(help_text="true while the edge keeps the dependent waiting")
+    name = serializers.CharField(
+        required=False, help_text="the edge's name (a workflow step's name), only when it has one"
+    )
 
 
 class JobSerializer(JobListedSerializer):
@@ -386,6 +389,66 @@ class BatchSerializer(serializers.Serializer):
 class BatchMemberSerializer(serializers.Serializer):
     id = serializers.CharField()
     state = serializers.ChoiceField(choices=STATE_NAMES)
+
+
+class UpstreamResultSerializer(serializers.Serializer):
+    """One dependency of a job and what it returned."""
+
+    name = serializers.CharField(allow_null=True, help_text="the edge's name (a workflow step's name), or null")
+    id = serializers.CharField()
+    queue = serializers.CharField()
+    state = serializers.ChoiceField(choices=STATE_NAMES)
+    on_failure = serializers.ChoiceField(choices=["cancel", "run", "wait"])
+    result = AnyJSON(help_text="the result when it succeeded, else null")
+    size = serializers.IntegerField(help_text="the result's size in bytes of compact UTF-8 JSON (0 without one)")
+
+
+class UpstreamSerializer(serializers.Serializer):
+    """The results of a job's dependencies (those of queues the user may consume or manage)."""
+
+    id = serializers.CharField(help_text="the job asked about")
+    upstream = UpstreamResultSerializer(many=True, help_text="in the order the edges were written")
+
+
+class WorkflowStepInputSerializer(serializers.Serializer):
+    """One step of a workflow to create."""
+
+    name = serializers.CharField(min_length=1, max_length=200, help_text="unique in the workflow")
+    queue = serializers.CharField(min_length=1, max_length=200)
+    payload = AnyJSON(help_text="any JSON; at most FQ_MAX_PAYLOAD_BYTES as compact UTF-8")
+    options = serializers.DictField(
+        required=False,
+        help_text="options of enqueue: priority, delay_ms, at, idempotency, idempotency_retention_ms, "
+        "unique_key, max_attempts, timeout_ms, metadata, concurrency_key",
+    )
+    after = serializers.ListField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="step names, group names or ids of jobs enqueued before, that must succeed first",
+    )
+    on_failure = serializers.ChoiceField(
+        choices=["cancel", "run", "wait"], required=False, help_text="policy of the after edges (default cancel)"
+    )
+
+
+class WorkflowCreateSerializer(serializers.Serializer):
+    """A whole workflow: every step is enqueued, or none."""
+
+    steps = WorkflowStepInputSerializer(many=True, help_text="at most 10,000")
+    groups = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()),
+        required=False,
+        help_text="group name: step names; after or a chain naming the group waits for all of them",
+    )
+    chains = serializers.ListField(
+        child=serializers.ListField(child=serializers.CharField()),
+        required=False,
+        help_text="lists of step or group names: each runs after the one before",
+    )
+
+
+class WorkflowCreatedSerializer(serializers.Serializer):
+    ids = serializers.DictField(child=serializers.CharField(), help_text="step name: job id")
 
 
 class JobOutcomeSerializer(serializers.Serializer):

@@ -39,6 +39,8 @@ def api_patterns() -> list:
         path("queues/<str:queue>/batches/<str:batch_id>/jobs/", views.BatchMembersView.as_view(), name="batch-jobs"),
         path("queues/<str:queue>/batches/<str:batch_id>/seal/", views.BatchSealView.as_view(), name="batch-seal"),
         path("queues/<str:queue>/batches/<str:batch_id>/cancel/", views.BatchCancelView.as_view(), name="batch-cancel"),
+        path("queues/<str:queue>/jobs/<str:job_id>/upstream/", views.JobUpstreamView.as_view(), name="job-upstream"),
+        path("workflows/", views.WorkflowCreateView.as_view(), name="workflows"),
         path("queues/<str:queue>/claim/", views.ClaimView.as_view(), name="claim"),
         path("queues/<str:queue>/ack/", views.AckView.as_view(), name="ack"),
         path("queues/<str:queue>/nack/", views.NackView.as_view(), name="nack"),

@@ -30,6 +30,7 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import AuthenticationFailed, UnsupportedMediaType
+from rest_framework.exceptions import PermissionDenied as DrfPermissionDenied
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -44,7 +45,7 @@ from ..exceptions import (
     InvalidTime,
     QueueNotFound,
 )
-from ..services import dependencies
+from ..services import dependencies, upstream
 from ..services.enqueue import ENVELOPE_KEYS
 from ..services.jobs import job_not_found
 from ..types import STATE_NAMES, QueuePolicy
@@ -783,6 +784,97 @@ class JobWorkflowCancelView(FqAPIView):
         # may not manage that joined the workflow after an earlier look is refused too.
         done = workflows.cancel(queue, job_id, manageable=lambda queues: _managed(request, self, queues))
         return Response(asdict(done))
+
+
+class JobUpstreamView(FqAPIView):
+    """The results of a job's dependencies (``consume`` or ``manage``)."""
+
+    capabilities = {"GET": (CONSUME, MANAGE)}
+
+    @_doc(
+        operation_id="job_upstream",
+        summary="The results of the jobs a job depends on (at most 32 MiB together)",
+        description=(
+            "Only the dependencies in queues the user may consume or manage are listed (and counted). "
+            "413 results_too_large when their results pass 32 MiB together (size and limit in bytes)."
+        ),
+        parameters=[_QUEUE_PARAM, _JOB_PARAM],
+        responses={200: s.UpstreamSerializer, **_errors(*_COMMON, 404, 413)},
+        tags=["jobs"],
+    )
+    def get(self, request, queue, job_id):
+        job_id = _job_id(queue, job_id)
+        wanted = upstream.upstream_queues(queue, job_id)
+        allowed = {q for q in wanted if holds(request, self, CONSUME, q) or holds(request, self, MANAGE, q)}
+        found = upstream.results(queue, job_id, queues=None if allowed == wanted else allowed)
+        return Response({"id": job_id, "upstream": found.as_list()})
+
+
+class WorkflowCreateView(FqAPIView):
+    """Create a whole workflow: every step enqueued in one transaction, or none (``produce`` on each step's queue)."""
+
+    capabilities = {"POST": (PRODUCE,)}
+    #: The field a refusal for too many JSON values names.
+    values_field = "steps"
+
+    def max_body_bytes(self) -> int:
+        return conf.max_bulk_body_bytes()
+
+    @_doc(
+        operation_id="workflow_create",
+        summary="Enqueue a graph of steps (any queues) in one transaction, all or nothing; returns the ids",
+        description=(
+            "Each error names the step and field (steps[NAME].after[0], steps[NAME].options.priority, "
+            "groups[G][1], chains[0][2]), and nothing is written. The user needs produce on every step's queue "
+            "(403 naming the first step refused); a queue that does not exist is created only for users the "
+            "enqueue would let create it (FQ_API_CREATE_QUEUES)."
+        ),
+        request=s.WorkflowCreateSerializer,
+        responses={201: s.WorkflowCreatedSerializer, **_errors(*_COMMON, 404, 409, 413, 415, 429)},
+        tags=["workflows"],
+    )
+    def post(self, request):
+        body = _body(request, workflows.SPEC_KEYS, required=("steps",))
+        wf = workflows.from_spec(body)  # every shape error first, naming the step
+        queues = sorted({step.queue for step in wf.steps()})
+        for step in wf.steps():
+            if not holds(request, self, PRODUCE, step.queue):
+                # DRF's PermissionDenied: its message (naming the step) reaches the body, as a 403.
+                raise DrfPermissionDenied(f"step {step.name!r}: you may not enqueue into queue {step.queue}")
+        _after_rule(request, self, wf)
+        capability = conf.create_queues()
+        creatable = [q for q in queues if holds(request, self, capability, q)]
+        try:
+            ids = wf.enqueue(create_queues=creatable)
+        except QueueNotFound as exc:
+            if exc.field and exc.field.endswith(".queue"):
+                exc.message += (
+                    f"; an enqueue creates a queue only for users with {PERMISSION_OF[capability]} (FQ_API_CREATE_QUEUES)"
+                )
+                exc.args = (exc.message,)
+            raise
+        return Response({"ids": ids}, status=status.HTTP_201_CREATED)
+
+
+def _after_rule(request, view, wf: workflows.Workflow) -> None:
+    """An ``after`` naming a job id of another queue needs ``produce`` there too (as ``depends_on`` does).
+
+    Refused as a job that is not there (no oracle of other queues' ids),
+    naming the step, before anything is written.
+    """
+    wanted = wf.external_dependencies()
+    if not wanted:
+        return
+    owners = dependencies.queues_of([uid for _, uid in wanted])
+    allowed: dict[str, bool] = {}
+    for step, uid in wanted:
+        other = owners.get(uid)
+        if other is None:
+            continue  # the enqueue reports it missing, naming the step
+        if other not in allowed:
+            allowed[other] = holds(request, view, PRODUCE, other)
+        if not allowed[other]:
+            raise InvalidDependency(f"step {step!r}: no job {uid} in this database", field=f"steps[{step}].after")
 
 
 def _managed(request, view, queues: set[str]) -> set[str]:

@@ -12,7 +12,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_fq", "0011_dependencies"),
+        ("django_fq", "0012_key_rate_limit"),
     ]
 
     operations = [

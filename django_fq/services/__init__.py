@@ -20,6 +20,7 @@ from .jobs import cancel, get, jobs, requeue, retry, stats, wait
 from .leases import ack, ack_many, claim, extend, nack, release, report_progress
 from .maintenance import fold_counters, prune, reap
 from .queues import configure, delete_queue, pause, policy, queues, resume
+from .upstream import results
 
 __all__ = [
     "ack",
@@ -43,6 +44,7 @@ __all__ = [
     "release",
     "report_progress",
     "requeue",
+    "results",
     "resume",
     "retry",
     "stats",

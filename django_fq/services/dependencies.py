@@ -37,19 +37,34 @@ ON_FAILURE = ("cancel", "run", "wait")
 DEFAULT_ON_FAILURE = "cancel"
 
 
+#: Longest name of a dependency edge (a workflow step's name: ``django_fq.workflows.MAX_NAME``).
+MAX_EDGE_NAME = 200
+
+
 class Edge(NamedTuple):
-    """One parsed dependency: the job it names and the policy of the edge."""
+    """One parsed dependency: the job it names, the policy of the edge, and its name (``None``: none).
+
+    The name is the key under which the dependent reads that job's result
+    (``job.upstream[name]``, docs/how-to/workflows.md "Results flow forward");
+    the workflow builder gives each edge the name of the step it comes from.
+    """
 
     id: str
     on_failure: str
+    name: str | None = None
+
+
+_ITEM_KEYS = frozenset({"id", "on_failure", "name"})
 
 
 def parse(value: object, field: str = "depends_on") -> tuple[Edge, ...] | None:
-    """Validate a ``depends_on`` value: a list of job ids, or of ``{"id": …, "on_failure": …}`` objects.
+    """Validate a ``depends_on`` value: a list of job ids, or of ``{"id": …, "on_failure": …, "name": …}`` objects.
 
     ``None`` or an empty list: no dependencies. At most :data:`MAX_DEPENDENCIES`
     items; each id 32 lowercase hex characters, each listed once;
-    ``on_failure`` one of ``cancel`` (default), ``run``, ``wait``. Raises
+    ``on_failure`` one of ``cancel`` (default), ``run``, ``wait``; ``name``
+    (optional) a string of 1–200 characters, each name once, the key of that
+    dependency's result in ``job.upstream``. Raises
     :class:`InvalidDependency` naming ``field`` (``depends_on[i]`` for one item).
     """
     if value is None:
@@ -62,18 +77,29 @@ def parse(value: object, field: str = "depends_on") -> tuple[Edge, ...] | None:
         )
     edges: list[Edge] = []
     seen: set[str] = set()
+    names: set[str] = set()
     for i, item in enumerate(value):
         where = f"{field}[{i}]"
         policy = DEFAULT_ON_FAILURE
+        name = None
         if isinstance(item, Mapping):
-            if len(item) > 2 or not item.keys() <= {"id", "on_failure"}:
-                extra = sorted(str(k) for k in item if k not in ("id", "on_failure"))[0]
+            if len(item) > 3 or not item.keys() <= _ITEM_KEYS:
+                extra = sorted(str(k) for k in item if k not in _ITEM_KEYS)[0]
                 raise InvalidDependency(f"{where}: unknown key {extra}", field=f"{where}.{extra}")
             policy = item.get("on_failure", DEFAULT_ON_FAILURE)
             if policy not in ON_FAILURE:
                 raise InvalidDependency(
                     f"{where}.on_failure must be one of {', '.join(ON_FAILURE)}", field=f"{where}.on_failure"
                 )
+            name = item.get("name")
+            if name is not None:
+                if not isinstance(name, str) or not 1 <= len(name) <= MAX_EDGE_NAME or "\x00" in name:
+                    raise InvalidDependency(
+                        f"{where}.name must be a string of 1-{MAX_EDGE_NAME} characters", field=f"{where}.name"
+                    )
+                if name in names:
+                    raise InvalidDependency(f"{where}.name: {name!r} names two dependencies", field=f"{where}.name")
+                names.add(name)
             item = item.get("id")
         if not validation.job_id(item):
             raise InvalidDependency(f"{where} is not a job id (32 lowercase hex characters)", field=where)
@@ -81,7 +107,7 @@ def parse(value: object, field: str = "depends_on") -> tuple[Edge, ...] | None:
         if item in seen:
             raise InvalidDependency(f"{where}: job {item} is listed twice", field=where)
         seen.add(item)
-        edges.append(Edge(item, policy))
+        edges.append(Edge(item, policy, name))
     return tuple(edges) or None
 
 
@@ -117,7 +143,7 @@ def parse_cli(values: Sequence[str] | None) -> list[dict] | None:
 class _Plan(NamedTuple):
     """What one new job's edges are, once its dependencies' states are known."""
 
-    edges: list[tuple[int, str, bool]]  # (upstream seq, on_failure, pending)
+    edges: list[tuple[int, str, bool, str | None]]  # (upstream seq, on_failure, pending, name)
     pending: int
     cancelled_by: str | None  # the uid of a finished-failed dependency whose policy cancels the job
 
@@ -132,7 +158,7 @@ def _plan(deps: Sequence[Edge], found: Mapping[str, tuple[int, str, int]]) -> _P
             cancelled_by = dep.id
         is_pending = not satisfied and not cancels
         pending += is_pending
-        edges.append((seq, dep.on_failure, is_pending))
+        edges.append((seq, dep.on_failure, is_pending, dep.name))
     return _Plan(edges, pending, cancelled_by)
 
 
@@ -182,13 +208,13 @@ def attach(conn, *, now: str, jobs: Sequence[tuple[str, int, tuple[Edge, ...]]],
     """
     store = storage.for_connection(conn)
     seqs = store.job_seqs(conn, [uid for uid, _, _ in jobs])
-    rows: list[tuple[int, int, str, bool]] = []
+    rows: list[tuple[int, int, str, bool, str | None]] = []
     waiting: list[tuple[int, int]] = []
     cancel: dict[str, list[tuple[int, int]]] = {}
     for uid, queue_id, edges in jobs:
         plan = _plan(edges, found)
         seq = seqs[uid]
-        rows += [(seq, up, policy, pending) for up, policy, pending in plan.edges]
+        rows += [(seq, up, policy, pending, name) for up, policy, pending, name in plan.edges]
         if plan.cancelled_by is not None:
             cancel.setdefault(plan.cancelled_by, []).append((seq, queue_id))
         elif plan.pending:
@@ -301,7 +327,8 @@ MAX_LISTED_DEPENDENTS = 1000
 
 def edges_of(seq: int, *, dependents: bool = True) -> dict:
     """``{"depends_on": [...], "dependents": [...]}`` of job ``seq``, each entry
-    ``{"id", "queue", "state", "on_failure", "pending"}`` (reported states); ``{}`` when it has neither.
+    ``{"id", "queue", "state", "on_failure", "pending"}`` (reported states), and ``"name"`` when the
+    edge has one (a workflow step's name); ``{}`` when it has neither.
 
     Dependents: the first :data:`MAX_LISTED_DEPENDENTS`, oldest first; read only
     when ``dependents`` (the job's ``has_dependents`` flag). One or two queries.
@@ -322,7 +349,7 @@ def edges_of(seq: int, *, dependents: bool = True) -> dict:
             .filter(**{f"{mine}_id": seq})
             .annotate(reported=reported)
             .order_by(f"{other}_id")
-            .values(f"{other}__uid", f"{other}__queue__name", "reported", "on_failure", "pending")[
+            .values(f"{other}__uid", f"{other}__queue__name", "reported", "on_failure", "pending", "name")[
                 :MAX_LISTED_DEPENDENTS
             ]
         )
@@ -333,6 +360,7 @@ def edges_of(seq: int, *, dependents: bool = True) -> dict:
                 "state": r["reported"],
                 "on_failure": r["on_failure"],
                 "pending": bool(r["pending"]),
+                **({"name": r["name"]} if r["name"] is not None else {}),
             }
             for r in rows
         ]

@@ -115,13 +115,13 @@ class DependencySql:
             rows = self._select_in(cur, f"SELECT uid, seq FROM {_JOB} WHERE {{where}}", "uid", list(uids))
         return {uid: int(seq) for uid, seq in rows}
 
-    def insert_dependencies(self, conn: Any, rows: Sequence[tuple[int, int, str, bool]]) -> None:
-        """Insert edges ``(job seq, upstream seq, on_failure, pending)``. One round trip per 500."""
+    def insert_dependencies(self, conn: Any, rows: Sequence[tuple[int, int, str, bool, str | None]]) -> None:
+        """Insert edges ``(job seq, upstream seq, on_failure, pending, name)``. One round trip per 500."""
         with conn.cursor() as cur:
             for part in _chunks(list(rows)):
                 cur.execute(
-                    f"INSERT INTO {DEPENDENCY_TABLE} (job_id, upstream_id, on_failure, pending) VALUES "
-                    f"{', '.join(['(%s, %s, %s, %s)'] * len(part))}",
+                    f"INSERT INTO {DEPENDENCY_TABLE} (job_id, upstream_id, on_failure, pending, name) VALUES "
+                    f"{', '.join(['(%s, %s, %s, %s, %s)'] * len(part))}",
                     [v for row in part for v in row],
                 )
 

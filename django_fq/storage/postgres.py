@@ -644,16 +644,19 @@ class PostgresStore(Store):
         # One array parameter: psycopg would split a statement of thousands of placeholders client-side.
         return f"{column} = ANY(%s)", [list(values)]
 
-    def insert_dependencies(self, conn: Any, rows: Sequence[tuple[int, int, str, bool]]) -> None:
+    def insert_dependencies(self, conn: Any, rows: Sequence[tuple[int, int, str, bool, str | None]]) -> None:
         """One ``INSERT … SELECT FROM unnest(…)`` for every edge (see :meth:`Store.insert_dependencies`)."""
         if not rows:
             return
         with conn.cursor() as cur:
             cur.execute(
-                f"INSERT INTO {DEPENDENCY_TABLE} (job_id, upstream_id, on_failure, pending) "
-                "SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::boolean[])",
-                [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [bool(r[3]) for r in rows]],
-            )
+                f"INSERT INTO {DEPENDENCY_TABLE} (job_id, upstream_id, on_failure, pending, name) "
+                "SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::boolean[], %s::text[])",
+                [
+                    [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [bool(r[3]) for r in rows],
+                    [r[4] for r in rows],
+                ],
+            )  # fmt: skip
 
     def lock_leases(
         self, conn: Any, queue_id: int, uids: Sequence[str], *, judge: bool = True, lock_jobs: bool = False

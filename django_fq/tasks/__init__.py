@@ -28,6 +28,7 @@ from ._compat import (
 from .backend import BACKEND_OPTIONS, TASK_OPTIONS, FqBackend, FqTask
 from .errors import LeaseExpired, TaskAttemptError, TaskCancelled, TaskFailed, TaskTimedOut
 from .runner import run_task
+from .workflow import TaskCall, call, chain, enqueue_after, upstream
 
 __all__ = [
     "BACKEND_OPTIONS",
@@ -39,6 +40,7 @@ __all__ = [
     "InvalidTaskBackend",
     "LeaseExpired",
     "TaskAttemptError",
+    "TaskCall",
     "TaskCancelled",
     "TaskContext",
     "TaskError",
@@ -47,7 +49,11 @@ __all__ = [
     "TaskResultDoesNotExist",
     "TaskResultStatus",
     "TaskTimedOut",
+    "call",
+    "chain",
+    "enqueue_after",
     "run_task",
     "task",
     "task_backends",
+    "upstream",
 ]

@@ -46,7 +46,7 @@ PAYLOAD_VERSION = 1
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _STATUS = {
-    # Waiting for dependencies (a job enqueued with depends_on outside this backend): not started yet.
+    # Waiting for dependencies (enqueue_after, chain, or depends_on outside this backend): not started yet.
     "waiting": tasks.TaskResultStatus.READY,
     "scheduled": tasks.TaskResultStatus.READY,
     "ready": tasks.TaskResultStatus.READY,
@@ -320,6 +320,23 @@ class FqBackend(tasks.BaseTaskBackend):
         whose module is neither inside an installed app nor listed in
         ``FQ_TASK_MODULES`` (see docs/tasks.md).
         """
+        return self.enqueue_with(task, args, kwargs)
+
+    def enqueue_with(self, task, args, kwargs, *, depends_on: list | None = None):
+        """:meth:`enqueue` with django-fq's ``depends_on`` (job ids, or ``{"id", "on_failure", "name"}`` items).
+
+        What :func:`django_fq.tasks.enqueue_after` and :func:`django_fq.tasks.chain`
+        call. A job with dependencies is written at once, in the caller's
+        transaction: its dependencies' ids must exist, so a backend with
+        ``enqueue_on_commit`` refuses it (``InvalidTaskBackend``; wrap the
+        call in ``transaction.on_commit`` instead). Raises ``InvalidTask``
+        as :meth:`enqueue`, and :class:`~django_fq.exceptions.InvalidDependency`.
+        """
+        if depends_on and self.enqueue_on_commit is not None:
+            raise tasks.InvalidTaskBackend(
+                f"TASKS[{self.alias!r}] enqueues on commit: a task with dependencies needs their job ids now; "
+                "call enqueue_after / chain from transaction.on_commit instead"
+            )
         self.validate_task(task)
         try:
             paths.split(task.module_path)
@@ -346,6 +363,8 @@ class FqBackend(tasks.BaseTaskBackend):
         if self.enqueue_on_commit is not None:
             return self._enqueue_on_commit(task, queue, payload, options)
         fq = self._fq()
+        if depends_on:
+            options["depends_on"] = depends_on
         created = fq.enqueue(queue, payload, priority=task.priority, at=task.run_after, **options)
         if not created.created:
             return self.result_from_job(fq.get(queue, created.id))

@@ -194,7 +194,7 @@ class JobContext:
 
     __slots__ = (
         "id", "queue", "payload", "attempts", "max_attempts", "enqueued_at", "claimed_at", "metadata", "_lease",
-        "_reports", "_writer",
+        "_reports", "_writer", "_upstream",
     )  # fmt: skip
 
     def __init__(
@@ -225,6 +225,8 @@ class JobContext:
         #: Woken with the monotonic time a pending report may be written (the worker's heartbeat),
         #: or ``None`` outside a worker: reports are then only kept (:attr:`reported`).
         self._writer: Any = None
+        #: The results of the job's dependencies, read by the first :attr:`upstream` / :meth:`aupstream`.
+        self._upstream: Any = None
 
     @classmethod
     def from_claim(cls, claimed: ClaimedJob, lease: LeaseState | None = None) -> JobContext:
@@ -307,6 +309,39 @@ class JobContext:
         """The latest ``(progress, message)`` this run reported (written or not yet), or ``None``."""
         reports = self._reports
         return reports.last if reports is not None else None
+
+    @property
+    def upstream(self):
+        """The results of the jobs this job depends on: a :class:`~django_fq.services.results.Upstream`.
+
+        A read-only mapping ``key → result``: the key is the edge's name (a
+        workflow step's name, ``Workflow.step(name=…)``) or, for an edge
+        without one, the dependency's job id (``upstream[job_id]`` finds a
+        named one too). A dependency that did not succeed (dead or cancelled
+        under an ``on_failure="run"`` edge) has the result ``None``;
+        ``upstream.entry(key).state`` says which. Read from the database on
+        first access, in one query, then kept for this run; empty for a job
+        without dependencies. In an ``async def`` handler use
+        :meth:`aupstream` (a query on the event loop is refused by Django).
+
+        Raises :class:`~django_fq.exceptions.ResultsTooLarge` when the
+        results together pass 32 MiB (the claim limit, docs/reference/semantics.md §5).
+        """
+        if self._upstream is None:
+            from ..services.upstream import load
+
+            self._upstream = load(self.id)
+        return self._upstream
+
+    async def aupstream(self):
+        """:attr:`upstream` for an ``async def`` handler: the query runs on a thread (``sync_to_async``)."""
+        if self._upstream is None:
+            from asgiref.sync import sync_to_async
+
+            from ..services.upstream import load
+
+            self._upstream = await sync_to_async(load)(self.id)
+        return self._upstream
 
     def sleep(self, seconds: float) -> None:
         """Sleep up to ``seconds``, waking at once (with :class:`LeaseLost`) if the lease is lost."""

@@ -29,3 +29,10 @@ def test_a_waiting_job_can_be_cancelled_from_its_page(root_client, queue):
     response = root_client.post(job_url(b, "cancel"), follow=True)
     assert response.status_code == 200
     assert fq.get(queue, b).state == "cancelled" and fq.get(queue, c).state == "cancelled"
+
+
+def test_a_named_edge_shows_its_name_on_both_pages(root_client, queue):
+    a = fq.enqueue(queue, "a").id
+    b = fq.enqueue(queue, "b", depends_on=[{"id": a, "name": "fetch<step>"}]).id
+    for page in (text(root_client.get(job_url(b))), text(root_client.get(job_url(a)))):
+        assert "<code>fetch&lt;step&gt;</code>" in page

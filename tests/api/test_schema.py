@@ -32,6 +32,8 @@ EXPECTED = {
     "/queues/{queue}/batches/{batch_id}/jobs/": {"get", "post"},
     "/queues/{queue}/batches/{batch_id}/seal/": {"post"},
     "/queues/{queue}/batches/{batch_id}/cancel/": {"post"},
+    "/queues/{queue}/jobs/{job_id}/upstream/": {"get"},
+    "/workflows/": {"post"},
     "/queues/{queue}/claim/": {"post"},
     "/queues/{queue}/ack/": {"post"},
     "/queues/{queue}/nack/": {"post"},

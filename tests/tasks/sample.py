@@ -137,3 +137,25 @@ def _renamed_function(n):
 
 #: A ``Task`` kept under another name than its function: its path is ``tests.tasks.sample._renamed_function``.
 renamed = task(_renamed_function)
+
+
+@task
+def fetch_page(n):
+    """The first step of a chain (tests/tasks/test_workflow.py): its return value flows forward."""
+    return {"page": n}
+
+
+@task
+def summarize(extra=0):
+    """After ``fetch_page``: reads its result through ``django_fq.tasks.upstream()``."""
+    from django_fq.tasks import upstream
+
+    return {"summary": upstream()["fetch_page"]["page"] + extra}
+
+
+@task
+def gather():
+    """After several tasks: every upstream key and result, sorted by key."""
+    from django_fq.tasks import upstream
+
+    return sorted([key, value] for key, value in upstream().items())

@@ -33,3 +33,25 @@ def test_a_fan_out_fan_in_workflow_runs_each_step_after_its_dependencies(fq_work
     assert all(after("join", f"m{i}") for i in range(1, 41))
     assert after("last", "join")
     assert fq.stats(OK).counts["waiting"] == 0
+
+
+async def _join_async(job):
+    """An ``async def`` join step: its dependencies' results, read with ``await job.aupstream()``."""
+    upstream = await job.aupstream()
+    return {key: value["n"] for key, value in upstream.items()}
+
+
+def test_a_real_worker_hands_each_result_to_the_join_step_sync_and_async(fq_worker):
+    from .handlers import record
+
+    join_q = "tt.join-async"
+    wf = Workflow()
+    top = wf.step(OK, {"n": 1}, name="top")
+    left = wf.step(OK, {"n": 2}, name="left", after=[top])
+    right = wf.step(OK, {"n": 3}, name="right", after=[top])
+    wf.step(join_q, None, name="join", after=[left, right])
+    ids = wf.enqueue()
+    running = fq_worker(OK, join_q, concurrency=4, handlers={OK: record, join_q: _join_async})
+    done = running.wait(join_q, ids["join"])
+    assert done.state == "succeeded", done.last_error
+    assert done.result == {"left": 2, "right": 3}

@@ -239,11 +239,20 @@ class Command(BaseCommand):
         p = op(
             "workflow",
             "Show the workflow of a job (every job connected to it by dependencies) as a tree with states, "
-            "or cancel every step of it that has not finished.",
+            "cancel every step of it that has not finished, list the results of a job's dependencies "
+            "(upstream QUEUE JOB_ID), or create a whole workflow from a JSON document (create FILE|-).",
         )
-        p.add_argument("action", choices=("show", "cancel"), help="show the tree, or cancel the unfinished steps")
+        p.add_argument(
+            "action",
+            choices=("show", "cancel", "upstream", "create"),
+            help="show the tree, cancel the unfinished steps, list the upstream results, or create a workflow",
+        )
+        p.add_argument("queue", metavar="QUEUE|FILE", help="the job's queue; for create: the workflow file, or - for stdin")
+        p.add_argument("job_id", metavar="JOB_ID", nargs="?", default=None, help="any job of the workflow (not with create)")
+
+        p = op("results", "List the results of the jobs a job depends on (as its handler reads them in job.upstream).")
         queue(p)
-        p.add_argument("job_id", metavar="JOB_ID", help="any job of the workflow")
+        p.add_argument("job_id", metavar="JOB_ID")
 
         p = op(
             "batch",
@@ -568,6 +577,18 @@ class Command(BaseCommand):
     # --- inspection and repair ----------------------------------------------------------------
 
     def do_workflow(self, o):
+        if o["action"] == "create":
+            if o["job_id"] is not None:
+                raise InvalidArgument("workflow create takes one FILE (or -), not a job id", field="job_id")
+            spec, _, _ = parse_json(self._read("source", o["queue"]), "source")
+            ids = workflows.create(spec)
+            self._emit({"ids": ids}, lambda d: "\n".join(f"{name}  {uid}" for name, uid in d["ids"].items()))
+            return
+        if o["job_id"] is None:
+            raise InvalidArgument(f"workflow {o['action']} needs QUEUE and JOB_ID", field="job_id")
+        if o["action"] == "upstream":
+            self.do_results(o)
+            return
         if o["action"] == "cancel":
             self._emit(asdict(workflows.cancel(o["queue"], o["job_id"])), lambda d: f"cancelled {d['cancelled']} step(s); {d['finished']} had finished")
             return
@@ -613,6 +634,10 @@ class Command(BaseCommand):
             shown = batches.get(target).as_dict()
             shown["members"] = batches.members(target, state=o["state"], limit=o["count"], after=o["after"])
             self._emit(shown, _batch_text)
+
+    def do_results(self, o):
+        found = services.results(o["queue"], o["job_id"])
+        self._emit({"id": o["job_id"], "upstream": found.as_list()}, _upstream_lines)
 
     def do_get(self, o):
         self._job(services.get(o["queue"], o["job_id"]))
@@ -950,6 +975,18 @@ def _job_text(d: dict) -> str:
 
 #: Deepest indentation of ``fq workflow show``'s tree (levels); deeper steps show their depth as ``[N]``.
 _TREE_INDENT = 20
+
+
+def _upstream_lines(d: dict) -> str:
+    """A job's upstream results for people: one line per dependency, its key, queue, state and result."""
+    if not d["upstream"]:
+        return f"job {d['id']} has no dependencies"
+    lines = []
+    for e in d["upstream"]:
+        key = e["name"] if e["name"] is not None else e["id"]
+        shown = _dumps(e["result"]) if e["state"] == "succeeded" else "(no result)"
+        lines.append(f"{key}  {e['queue']}  {e['state']}  {shown}")
+    return "\n".join(lines)
 
 
 def _workflow_tree(d: dict) -> str:
