@@ -127,8 +127,15 @@ class Bench:
         call_command("migrate", verbosity=0, interactive=False)
         self.worker_env = dict(os.environ, PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
         self.logs = tempfile.mkdtemp(prefix="fq-bench-wf-logs-")
-        self.out: dict = {"db": args.db, "n": args.n, "concurrency": args.concurrency, "reps": args.reps,
-                          "lat_k": args.lat_k, "rounds": args.rounds, "loadavg_start": list(os.getloadavg())}
+        self.out: dict = {
+            "db": args.db,
+            "n": args.n,
+            "concurrency": args.concurrency,
+            "reps": args.reps,
+            "lat_k": args.lat_k,
+            "rounds": args.rounds,
+            "loadavg_start": list(os.getloadavg()),
+        }
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -157,11 +164,20 @@ class Bench:
         return Observer(self.vendor, self.connection.settings_dict)
 
     def start_worker(self, queue: str, tag: str) -> subprocess.Popen:
-        cmd = [sys.executable, os.path.join(REPO, "manage.py"), "fq_worker", "--queue", queue,
-               "--concurrency", str(self.args.concurrency), *self.args.worker_arg]
+        cmd = [
+            sys.executable,
+            os.path.join(REPO, "manage.py"),
+            "fq_worker",
+            "--queue",
+            queue,
+            "--concurrency",
+            str(self.args.concurrency),
+            *self.args.worker_arg,
+        ]
         logf = open(os.path.join(self.logs, f"{tag}.log"), "w")  # noqa: SIM115 - closed in stop_worker
-        proc = subprocess.Popen(cmd, cwd=REPO, env=self.worker_env, stdout=logf, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=self.worker_env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
+        )
         proc.logf = logf  # type: ignore[attr-defined]
         return proc
 
@@ -255,16 +271,24 @@ class Bench:
             exit_code = self.stop_worker(proc)
 
         def stats(xs):
-            return {"median": round(statistics.median(xs), 3), "p95": round(percentile(xs, 0.95), 3),
-                    "samples": [round(x, 3) for x in xs]}
+            return {
+                "median": round(statistics.median(xs), 3),
+                "p95": round(percentile(xs, 0.95), 3),
+                "samples": [round(x, 3) for x in xs],
+            }
 
         self.out["latency_ms"] = {
-            "plain": stats(plain), "handoff": stats(handoff),
-            "plain_db": stats(plain_db), "handoff_db": stats(handoff_db), "worker_exit": exit_code,
+            "plain": stats(plain),
+            "handoff": stats(handoff),
+            "plain_db": stats(plain_db),
+            "handoff_db": stats(handoff_db),
+            "worker_exit": exit_code,
         }
         lat = self.out["latency_ms"]
-        log(f"latency: plain {lat['plain']['median']}/{lat['plain']['p95']} ms, "
-            f"hand-off {lat['handoff']['median']}/{lat['handoff']['p95']} ms (median/p95)")
+        log(
+            f"latency: plain {lat['plain']['median']}/{lat['plain']['p95']} ms, "
+            f"hand-off {lat['handoff']['median']}/{lat['handoff']['p95']} ms (median/p95)"
+        )
 
     # -- drain ----------------------------------------------------------------------------------
 
@@ -317,9 +341,16 @@ class Bench:
         if ok != n:
             raise RuntimeError(f"drain {kind}: {ok} of {n} succeeded")
         span = last - first
-        rec = {"kind": kind, "rep": rep, "n": n, "enqueue_s": round(enqueue_s, 3), "first_to_last_ms": span,
-               "steady_rate": round((n - 1) / (span / 1000), 1) if span > 0 else None, "worker_exit": exit_code,
-               "loadavg": list(os.getloadavg())}
+        rec = {
+            "kind": kind,
+            "rep": rep,
+            "n": n,
+            "enqueue_s": round(enqueue_s, 3),
+            "first_to_last_ms": span,
+            "steady_rate": round((n - 1) / (span / 1000), 1) if span > 0 else None,
+            "worker_exit": exit_code,
+            "loadavg": list(os.getloadavg()),
+        }
         log(f"drain: {json.dumps(rec)}")
         return rec
 
@@ -328,13 +359,19 @@ class Bench:
         for rep in range(self.args.reps):
             for kind in ("plain", "workflow"):
                 runs.append(self.drain(kind, rep))
-        rates = {k: [r["steady_rate"] for r in runs if r["kind"] == k and r["steady_rate"]] for k in ("plain", "workflow")}
+        rates = {
+            k: [r["steady_rate"] for r in runs if r["kind"] == k and r["steady_rate"]] for k in ("plain", "workflow")
+        }
         summary = {k: round(statistics.median(v), 1) if v else None for k, v in rates.items()}
         # Per repetition: each workflow drain against the plain drain just before it.
         ratios = [w / p for p, w in zip(rates["plain"], rates["workflow"], strict=False)]
-        self.out["drain"] = {"shape": self.shape, "runs": runs, "steady_rate_median": summary,
-                             "ratio_per_rep": [round(x, 3) for x in ratios],
-                             "ratio_median": round(statistics.median(ratios), 3) if ratios else None}
+        self.out["drain"] = {
+            "shape": self.shape,
+            "runs": runs,
+            "steady_rate_median": summary,
+            "ratio_per_rep": [round(x, 3) for x in ratios],
+            "ratio_median": round(statistics.median(ratios), 3) if ratios else None,
+        }
 
     def targets(self) -> list[dict]:
         out = []
@@ -360,7 +397,9 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, help="drains of each kind (default 2; quick 1)")
     p.add_argument("--lat-k", type=int, help="latency samples of each kind (default 30; quick 5)")
     p.add_argument("--rounds", type=int, help="enqueue rounds (default 7; quick 2)")
-    p.add_argument("--concurrency", type=int, default=256, help="fq_worker --concurrency (default 256, as bench/run.py)")
+    p.add_argument(
+        "--concurrency", type=int, default=256, help="fq_worker --concurrency (default 256, as bench/run.py)"
+    )
     p.add_argument("--worker-arg", action="append", default=[], metavar="ARG", help="extra fq_worker argument")
     p.add_argument("--phases", default="enqueue,latency,drain", help="comma-separated: enqueue,latency,drain")
     p.add_argument("--drain-timeout", type=float, default=600.0, help="seconds (default 600)")
