@@ -124,6 +124,10 @@ class ClaimedJob:
     ``receipt`` is the capability that settles this lease (ack/nack/release/
     extend). It is left out of ``repr`` so it never lands in logs.
     ``metadata`` is the job's metadata (a dict), ``None`` when it has none.
+    ``has_dependents``: other jobs depended on this one when it was claimed,
+    so its ack also releases them (docs/reference/semantics.md §9
+    "Dependencies"); pass its id in ``ack_many(..., has_dependents=...)`` and
+    the ack takes that path at once.
     """
 
     id: str
@@ -137,6 +141,7 @@ class ClaimedJob:
     enqueued_at: int
     claimed_at: int
     metadata: dict | None = None
+    has_dependents: bool = False
 
 
 class ClaimedJobs(list):

@@ -1,6 +1,7 @@
 """Handlers found by the worker's autodiscovery when it runs with ``bench.settings``."""
 
 import os
+import time
 
 from django_fq.handlers import handler
 
@@ -22,3 +23,13 @@ BATCH_QUEUE = "bench.batch"
 def noop_batch(jobs):
     """Do nothing with a whole batch: every job is acked (docs/how-to/batch-handlers.md)."""
     return None
+
+
+#: The queue of bench/workflows.py's latency phase: the handler's start instant is its result.
+STAMP_QUEUE = "bench.stamp"
+
+
+@handler(STAMP_QUEUE)
+def stamp(job):
+    """Return ``{"t": time.time()}`` read first thing: when the handler started (epoch s, this host's clock)."""
+    return {"t": time.time()}

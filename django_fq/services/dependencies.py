@@ -295,6 +295,16 @@ def _release(conn, released: list[dict]) -> None:
         keys.admit_released(conn, queue_id=queue_id, queue=queue, jobs=jobs)
 
 
+def admit_keyed(conn, released: list[dict]) -> None:
+    """Keyed jobs a store's releasing ack just queued (dicts of ``seq``, ``queue_id``, ``queue``,
+    ``priority``, ``concurrency_key``): admitted per queue as :func:`_release` admits them."""
+    keyed: dict[tuple[int, str], list[tuple[int, str, int]]] = {}
+    for r in released:
+        keyed.setdefault((r["queue_id"], r["queue"]), []).append((r["seq"], r["concurrency_key"], r["priority"]))
+    for (queue_id, queue), jobs in sorted(keyed.items()):
+        keys.admit_released(conn, queue_id=queue_id, queue=queue, jobs=jobs)
+
+
 def _uid_of(conn, seq: int) -> str:
     from ..models import Job
     from ._base import manager

@@ -370,6 +370,7 @@ def _claim_statement(
         claimed,
         rn,
         meta,
+        has_dependents,
     ) in rows:
         deadline = claimed + vis if not timeout_ms else min(claimed + vis, claimed + timeout_ms)
         jobs.append(
@@ -385,6 +386,7 @@ def _claim_statement(
                 enqueued_at=enqueued_at,
                 claimed_at=claimed,
                 metadata=None if meta is None else validation.stored_json(meta, "metadata"),
+                has_dependents=bool(has_dependents),
             )
         )
     return jobs, None, queue_id
@@ -476,6 +478,7 @@ def _claim_once(
                     enqueued_at=r["enqueued_at"],
                     claimed_at=claimed,
                     metadata=None if r["metadata"] is None else validation.stored_json(r["metadata"], "metadata"),
+                    has_dependents=bool(r["has_dependents"]),
                 )
             )
         cur.execute(
@@ -519,7 +522,9 @@ def ack(queue: str, receipt: str, *, result=None) -> SettleResult:
     return outcome
 
 
-def ack_many(queue: str, acks: Iterable[tuple[str, object]]) -> list[SettleResult | InvalidReceipt]:
+def ack_many(
+    queue: str, acks: Iterable[tuple[str, object]], *, has_dependents: Iterable[str] = ()
+) -> list[SettleResult | InvalidReceipt]:
     """Acknowledge many leases of ``queue`` in one transaction.
 
     ``acks`` is a sequence of ``(receipt, result)`` pairs (``result`` any JSON
@@ -535,6 +540,12 @@ def ack_many(queue: str, acks: Iterable[tuple[str, object]]) -> list[SettleResul
     MariaDB/MySQL). On PostgreSQL, outside a transaction of the caller's, each
     such run commits on its own (each ack stands alone: a crash between runs
     leaves the later ones to expire and run again, as for single acks).
+
+    ``has_dependents``: ids of jobs whose claim said other jobs depend on them
+    (:attr:`ClaimedJob.has_dependents <django_fq.types.ClaimedJob>`). A hint
+    only, never a change of outcome: on PostgreSQL those go straight to the
+    transaction that acks them and releases their dependents, instead of
+    first through the one-statement ack, which leaves such jobs out.
     """
     items = []
     for i, (receipt, result) in enumerate(acks):
@@ -544,11 +555,14 @@ def ack_many(queue: str, acks: Iterable[tuple[str, object]]) -> list[SettleResul
             exc.field = f"acks[{i}].result"
             raise
         items.append((receipt, text, settle_digest("ack", text)))
-    return _ack(queue, items) if items else []
+    return _ack(queue, items, set(has_dependents)) if items else []
 
 
-def _ack(queue: str, items: list[tuple[str, str | None, str]]) -> list:
-    """Settle ``(receipt, result_text, args_digest)`` items as succeeded, in one transaction."""
+def _ack(queue: str, items: list[tuple[str, str | None, str]], hinted: set[str] | None = None) -> list:
+    """Settle ``(receipt, result_text, args_digest)`` items as succeeded, in one transaction.
+
+    ``hinted``: job ids known to have dependents (see :func:`ack_many`).
+    """
     validation.queue_name(queue)  # the one-statement ack takes the name as it is
     conn = db.connection()
     store = storage.for_connection(conn)
@@ -559,7 +573,12 @@ def _ack(queue: str, items: list[tuple[str, str | None, str]]) -> list:
         sizes = [_ACK_ROW_BYTES + 2 * len((text or "").encode()) for _, text, _ in items] if budget else []
         results: list = []
         for run in split_by_bytes(items, sizes, budget) if budget else [items]:
-            ran = db.retrying(_ack_matching_pg, queue, run, atomic=False)
+            ran: list = [None] * len(run)
+            plain = [i for i, it in enumerate(run) if not hinted or _job_id_of(it[0]) not in hinted]
+            if plain:
+                fast = db.retrying(_ack_matching_pg, queue, [run[i] for i in plain], atomic=False)
+                for i, outcome in zip(plain, fast, strict=True):
+                    ran[i] = outcome
             rest = [i for i, r in enumerate(ran) if r is None]
             if rest:
                 # Replays, stale or forged receipts, expired leases, a missing queue: judged one by one.
@@ -569,6 +588,11 @@ def _ack(queue: str, items: list[tuple[str, str | None, str]]) -> list:
             results.extend(ran)
         return _replay_repeats(items, results)
     return _replay_repeats(items, _ack_judged(queue, items))
+
+
+def _job_id_of(receipt: object) -> str | None:
+    parsed = receipts.parse(receipt)
+    return parsed.job_id if parsed is not None else None
 
 
 def _ack_judged(queue: str, items: list[tuple[str, str | None, str]]) -> list:
@@ -588,21 +612,24 @@ def _ack_judged(queue: str, items: list[tuple[str, str | None, str]]) -> list:
         found = _locked_leases(conn, q.id, requests, judge=False, lock_jobs=True)
         live = [(i, lease) for i, lease in enumerate(found) if isinstance(lease, dict)]
         if live:
-            acked = storage.for_connection(conn).ack_locked(
-                conn,
-                queue_id=q.id,
-                seqs=[lease["job_id"] for _, lease in live],
-                results=[items[i][1] for i, _ in live],
-                args=[items[i][2] for i, _ in live],
-            )
+            store = storage.for_connection(conn)
+            ack_args: dict[str, Any] = {
+                "queue_id": q.id,
+                "seqs": [lease["job_id"] for _, lease in live],
+                "results": [items[i][1] for i, _ in live],
+                "args": [items[i][2] for i, _ in live],
+            }
+            if any(lease["has_dependents"] for _, lease in live):
+                # Their release in the same statement (its snapshot follows the job locks just taken);
+                # a released keyed job enters its key's admission first, so it takes its place in
+                # claim order among the held before the slots freed below admit any.
+                acked, keyed = store.ack_locked_releasing(conn, channel=db.NOTIFY_CHANNEL, **ack_args)
+                dependencies.admit_keyed(conn, keyed)
+            else:
+                acked = store.ack_locked(conn, **ack_args)
             for i, lease in live:
                 if lease["job_id"] not in acked:  # its deadline passed before the locks were granted
                     found[i] = InvalidReceipt("invalid or expired receipt: the lease has expired", field="receipt")
-            # The one-statement ack leaves jobs with dependents to this path: release them here
-            # (first: a dependent of the same key then takes its place in claim order among the held).
-            flagged = [lease["job_id"] for _, lease in live if lease["has_dependents"] and lease["job_id"] in acked]
-            if flagged:
-                dependencies.finished(conn, flagged, "succeeded")
             freed = [lease["concurrency_key"] for _, lease in live if lease["job_id"] in acked]
             slots.give_back(conn, queue_id=q.id, queue=queue, freed=freed)
         return [

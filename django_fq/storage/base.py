@@ -51,7 +51,7 @@ TABLES = (QUEUE_TABLE, JOB_TABLE, LEASE_TABLE, COUNTER_TABLE)
 #: The columns :meth:`Store.take_jobs` returns per claimed job.
 TAKEN_COLUMNS = (
     "seq", "uid", "payload", "generation", "attempts", "max_attempts", "priority", "enqueued_at", "run_at",
-    "timeout_ms", "claimed_at", "metadata",
+    "timeout_ms", "claimed_at", "metadata", "has_dependents",
 )
 
 
@@ -704,6 +704,31 @@ class Store(DependencySql, abc.ABC):
         those still live now, marks their jobs succeeded (``results[i]``:
         JSON text or ``None``, ``args[i]`` the settle digest), adds to the
         counters of queue ``queue_id``. Returns the job seqs acked.
+        """
+        raise NotImplementedError(f"{type(self).__name__}: no one-statement ack")
+
+    def ack_locked_releasing(
+        self,
+        conn: Any,
+        *,
+        queue_id: int,
+        seqs: Sequence[int],
+        results: Sequence[str | None],
+        args: Sequence[str],
+        channel: str,
+    ) -> tuple[set[int], list[dict]]:
+        """:meth:`ack_locked` for jobs others depend on, releasing their dependents; one round trip.
+
+        Only where :attr:`supports_one_statement_ack`, as the statement after
+        :meth:`lock_leases` with ``lock_jobs`` (its snapshot must follow the
+        locks). Besides the ack: closes the pending edges out of the jobs acked
+        (by the ``(upstream, job)`` index), counts each waiting dependent down
+        by its edges closed, queues the ones left with none (``run_at`` the
+        later of their own and now), lowers the claim floors of those without
+        a key limit and notifies ``channel`` with their queues' names at commit.
+        Returns ``(job seqs acked, keyed jobs released)``: the latter dicts of
+        ``seq``, ``queue_id``, ``queue`` (name), ``priority`` and
+        ``concurrency_key``, for :func:`django_fq.services.keys.admit_released`.
         """
         raise NotImplementedError(f"{type(self).__name__}: no one-statement ack")
 

@@ -126,7 +126,7 @@ taken AS (
         claimed_at = c2.t, changed_at = c2.t, worker = %(w)s, {clear}
     FROM ranked, c2 WHERE j.seq = ranked.seq AND ranked.cum <= %(cap)s
     RETURNING j.seq, j.uid, j.payload, j.generation, j.attempts, j.max_attempts, j.priority,
-        j.enqueued_at, j.run_at, j.timeout_ms, j.claimed_at, ranked.rn, j.metadata),
+        j.enqueued_at, j.run_at, j.timeout_ms, j.claimed_at, ranked.rn, j.metadata, j.has_dependents),
 leases AS (
     INSERT INTO {lease} (job_id, queue_id, generation, receipt_hash, claimed_at, deadline, timeout_at, worker)
     SELECT seq, (SELECT id FROM go), generation, (SELECT a FROM h)[rn], claimed_at,
@@ -147,7 +147,7 @@ spare AS (
     INSERT INTO {counter} (queue_id, claimed, wait_ms_sum, wait_count)
     SELECT (SELECT id FROM go), k, wait, k FROM totals WHERE k > 0 AND NOT EXISTS (SELECT 1 FROM shard))
 SELECT q.id, q.limited, q.visibility_ms, q.expired, (SELECT vis FROM go), seq, uid, payload, generation,
-    attempts, max_attempts, priority, enqueued_at, timeout_ms, claimed_at, rn, metadata
+    attempts, max_attempts, priority, enqueued_at, timeout_ms, claimed_at, rn, metadata, has_dependents
 FROM q LEFT JOIN taken ON true
 """
 
@@ -218,6 +218,61 @@ v AS (
     FROM unnest(%(seqs)s::bigint[], %(results)s::text[], %(args)s::text[]) AS v(seq, result, args)),"""
     + _ACK_TAIL
     + """SELECT job_id FROM gone
+"""
+)
+
+# The same ack for jobs others depend on, with their release (docs/reference/semantics.md §9
+# "Dependencies"): the second statement of a transaction whose first locked the leases and the
+# job rows (lock_leases with lock_jobs), so its snapshot, taken after the locks were granted,
+# holds every edge an enqueue committed into these jobs (an enqueue sets has_dependents or
+# reads the rows FOR SHARE: it waits for the locks, or they waited for it). Edges out of the
+# jobs acked are closed through the (upstream, job) index; each dependent is counted down and,
+# at zero, queued in one UPDATE of its row (a concurrent ack of its other dependency waits for
+# the row and re-reads the count: released exactly once), locked first in seq order. Released
+# jobs without a key limit lower their queue's claim floor and notify here; the keyed ones are
+# returned for keys.admit_released. Rows: ('a', seq) per job acked, ('k', seq, queue id,
+# priority, key, queue name) per keyed job released.
+_ACK_RELEASE_PG = (
+    """
+WITH q AS (SELECT %(q)s::bigint AS id),
+c AS (SELECT {now} AS t),
+v AS (
+    SELECT *, NULL::text AS uid
+    FROM unnest(%(seqs)s::bigint[], %(results)s::text[], %(args)s::text[]) AS v(seq, result, args)),"""
+    + _ACK_TAIL
+    + """,
+edges AS (
+    UPDATE {dependency} e SET pending = FALSE FROM gone
+    WHERE e.upstream_id = gone.job_id AND e.pending
+    RETURNING e.job_id),
+counts AS (SELECT job_id, COUNT(*) AS n FROM edges GROUP BY job_id),
+locked AS (
+    SELECT d.seq FROM {job} d WHERE d.seq IN (SELECT job_id FROM counts) AND d.state = 'waiting'
+    ORDER BY d.seq FOR NO KEY UPDATE),
+counted AS (
+    UPDATE {job} d SET
+        waiting_on = GREATEST(d.waiting_on - counts.n, 0),
+        state = CASE WHEN d.waiting_on - counts.n <= 0 THEN 'queued' ELSE d.state END,
+        run_at = CASE WHEN d.waiting_on - counts.n <= 0 THEN GREATEST(d.run_at, c.t) ELSE d.run_at END,
+        changed_at = CASE WHEN d.waiting_on - counts.n <= 0 THEN c.t ELSE d.changed_at END
+    FROM counts JOIN locked ON locked.seq = counts.job_id CROSS JOIN c
+    WHERE d.seq = counts.job_id AND d.state = 'waiting'
+    RETURNING d.seq, d.queue_id, d.priority, d.concurrency_key, d.state = 'queued' AS released),
+rel AS (
+    SELECT r.seq, r.queue_id, r.priority, r.concurrency_key, qq.name,
+        r.concurrency_key IS NOT NULL AND qq.key_concurrency > 0 AS keyed
+    FROM counted r JOIN {queue} qq ON qq.id = r.queue_id WHERE r.released),
+floors AS (
+    UPDATE {floor} f SET seq = LEAST(f.seq, m.seq),
+        pend_seq = CASE WHEN f.pend_seq > m.seq THEN m.seq ELSE f.pend_seq END
+    FROM (SELECT queue_id, priority, MIN(seq) AS seq FROM rel WHERE NOT keyed GROUP BY queue_id, priority) AS m
+    WHERE f.queue_id = m.queue_id AND f.priority = m.priority AND (f.seq > m.seq OR f.pend_seq > m.seq)
+    RETURNING f.queue_id),
+woken AS (
+    SELECT pg_notify(%(channel)s, n.name) FROM (SELECT DISTINCT name FROM rel WHERE NOT keyed ORDER BY name) AS n)
+SELECT 'a', job_id, NULL::bigint, NULL::integer, NULL::text, NULL::text FROM gone
+UNION ALL SELECT 'k', seq, queue_id, priority, concurrency_key, name FROM rel WHERE keyed
+UNION ALL SELECT 'n', COUNT(*), NULL, NULL, NULL, NULL FROM woken
 """
 )
 
@@ -745,6 +800,37 @@ class PostgresStore(Store):
                 {"q": queue_id, "seqs": list(seqs), "results": list(results), "args": list(args)},
             )
             return {r[0] for r in cur.fetchall()}
+
+    def ack_locked_releasing(
+        self,
+        conn: Any,
+        *,
+        queue_id: int,
+        seqs: Sequence[int],
+        results: Sequence[str | None],
+        args: Sequence[str],
+        channel: str,
+    ) -> tuple[set[int], list[dict]]:
+        """:data:`_ACK_RELEASE_PG`, one statement (see :meth:`Store.ack_locked_releasing`)."""
+        from .. import db
+
+        sql = _ACK_RELEASE_PG.format(
+            now=db.now_sql(conn), job=JOB_TABLE, lease=LEASE_TABLE, counter=COUNTER_TABLE, queue=QUEUE_TABLE,
+            floor=FLOOR_TABLE, dependency=DEPENDENCY_TABLE,
+        )  # fmt: skip
+        with self.hot_cursor(conn) as cur:
+            cur.execute(
+                sql,
+                {"q": queue_id, "seqs": list(seqs), "results": list(results), "args": list(args), "channel": channel},
+            )
+            rows = cur.fetchall()
+        acked = {int(r[1]) for r in rows if r[0] == "a"}
+        keyed = [
+            {"seq": int(r[1]), "queue_id": int(r[2]), "priority": int(r[3]), "concurrency_key": r[4], "queue": r[5]}
+            for r in rows
+            if r[0] == "k"
+        ]
+        return acked, keyed
 
     def mark_acked(self, conn: Any, *, now: int, acks: Sequence[tuple[int, str | None, str, str]]) -> None:
         """One ``UPDATE … FROM unnest(…)`` (the services use :meth:`ack_locked` here; this serves the interface)."""

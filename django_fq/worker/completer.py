@@ -139,10 +139,12 @@ class Completer:
         if not pending:
             return
         pairs = [(r.claimed.receipt, o.result) for r, o in pending]
+        # Jobs others depend on go straight to the ack that releases them (services.ack_many).
+        flagged = [r.claimed.id for r, _ in pending if r.claimed.has_dependents]
         settler = self.worker.settler
         started = time.monotonic()
         try:
-            results = self.worker.settler.call(pending[0][0], "ack", lambda: services.ack_many(queue_name, pairs))
+            results = self.worker.settler.call(pending[0][0], "ack", lambda: services.ack_many(queue_name, pairs, has_dependents=flagged))
         except SettleAbandoned as exc:
             self.hand.count("settle_errors", len(pending))
             for running, outcome in pending:

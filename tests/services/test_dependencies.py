@@ -306,3 +306,41 @@ def test_import_refuses_an_unknown_dependency(q):
     from django_fq.models import Queue
 
     assert not Queue.objects.filter(name="tests:imp").exists()
+
+
+def test_claim_says_which_jobs_have_dependents_and_the_hinted_ack_releases_them(q):
+    # docs/reference/python-api.md, ack_many: has_dependents is a hint, never a change of outcome.
+    a = fq.enqueue(q, "a").id
+    plain = fq.enqueue(q, "plain").id
+    b = fq.enqueue(q, "b", depends_on=[a], delay_ms=0).id
+    c = fq.enqueue(q, "c", depends_on=[a, plain]).id
+    jobs = {j.id: j for j in fq.claim(q, count=10)}
+    assert set(jobs) == {a, plain}
+    assert jobs[a].has_dependents and jobs[plain].has_dependents
+    # Hinted right (a), and hinted for a job that is not there at all: both acked, b released once.
+    results = fq.ack_many(q, [(jobs[a].receipt, {"r": 1})], has_dependents=[a, "0" * 32])
+    assert [r.state for r in results] == ["succeeded"]
+    assert state(b) == "ready" and state(c) == "waiting"
+    assert fq.stats(q).counts["waiting"] == 1
+    # Not hinted although it has dependents: the one-statement ack leaves it, the fallback releases c.
+    assert [r.state for r in fq.ack_many(q, [(jobs[plain].receipt, None)])] == ["succeeded"]
+    assert state(c) == "ready"
+    got = {j.id: j for j in fq.claim(q, count=10)}
+    assert set(got) == {b, c} and not any(j.has_dependents for j in got.values())
+    # A replay of the hinted ack stays a replay.
+    again = fq.ack_many(q, [(jobs[a].receipt, {"r": 1})], has_dependents=[a])
+    assert again[0].replay and fq.get(q, a).result == {"r": 1}
+
+
+def test_released_dependent_of_a_hinted_batch_is_claimable_at_once(q):
+    # The release lowers the claim floor and wakes the queue in the ack's transaction.
+    roots = [fq.enqueue(q, {"i": i}).id for i in range(3)]
+    joins = [fq.enqueue(q, {"join": i}, depends_on=roots).id for i in range(2)]
+    jobs = fq.claim(q, count=3)
+    assert sorted(j.id for j in jobs) == sorted(roots)
+    fq.ack_many(q, [(j.receipt, None) for j in jobs[:2]], has_dependents=[j.id for j in jobs])
+    assert {state(j) for j in joins} == {"waiting"}
+    assert fq.claim(q, count=3) == []
+    fq.ack_many(q, [(jobs[2].receipt, None)], has_dependents=[jobs[2].id])
+    assert sorted(j.id for j in fq.claim(q, count=3)) == sorted(joins)
+    assert fq.stats(q).counts["waiting"] == 0
