@@ -118,7 +118,8 @@ def _pg(port: int, sql: str, dbname: str = "postgres", timeout: float = 2.0):
 
     with psycopg.connect(host="127.0.0.1", port=port, user="postgres", dbname=dbname, connect_timeout=int(max(1, timeout)),
                          autocommit=True) as conn:
-        return conn.execute(sql).fetchone()
+        cur = conn.execute(sql)
+        return cur.fetchone() if cur.description else None
 
 
 class Cluster:
