@@ -10,7 +10,10 @@ db-restart (the server restarted twice under load; PostgreSQL and MariaDB),
 partition (a worker in its own network namespace cut off past its lease;
 PostgreSQL only, root), stress (8 producers, 4 consumers, 2 reapers, a
 pruner; 2 minutes), sqlite-writer (4 workers and a busy writer thread; SQLite
-only). ``all`` runs those that apply to the database.
+only), patroni-failover (kill -9 of the primary's postmaster, then a switchover, on
+an etcd + two-node Patroni cluster on 127.0.0.1:5433/5434 of its own; root,
+Debian's patroni and etcd-server; PostgreSQL only). ``all`` runs those that
+apply to the database.
 
 PostgreSQL: 127.0.0.1:5432, user postgres; the database ``fq_chaos``
 (``--pg-name``) is dropped and created again. MariaDB/MySQL (``--db mariadb``):
@@ -37,10 +40,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PG_ONLY = {"partition"}
+PG_ONLY = {"partition", "patroni-failover"}
 SERVER_ONLY = {"db-restart"}  # a database server to restart: PostgreSQL or MariaDB
 SQLITE_ONLY = {"sqlite-writer"}
-ORDER = ["kill-storm", "stress", "db-restart", "partition", "sqlite-writer"]
+ORDER = ["kill-storm", "stress", "db-restart", "partition", "sqlite-writer", "patroni-failover"]
 
 
 def parse_args(argv=None):

@@ -14,56 +14,26 @@ leg of the slow tier runs it.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-
-from tests.worker.helpers import ROOT
 
 from . import failover, patroni
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres_only]
 
-DB_NAME = "fq_ha"
 
-
-@pytest.fixture(scope="module")
-def cluster():
+def test_failover_kill_and_switchover_lose_nothing_and_everyone_reconnects(tmp_path):
     reason = patroni.unavailable()
     if reason:
         pytest.skip(reason)
-    c = patroni.Cluster()
-    try:
-        c.start()
-        c.create_database(DB_NAME)
-        yield c
-    finally:
-        c.stop()
-
-
-def _run(cluster, tmp_path, *, faults: str, sync_settle: bool) -> dict:
-    result = tmp_path / "result.json"
-    env = {**os.environ, **patroni.Cluster.env(), "DJANGO_SETTINGS_MODULE": "tests.chaos.settings",
-           "FQ_TEST_PG_NAME": DB_NAME, "FQ_CHILD_DB_NAME": DB_NAME, "FQ_CHAOS_SYNC_SETTLE": "1" if sync_settle else "0",
-           "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "tests.chaos.failover", "--base", str(cluster.base), "--out", str(tmp_path),
-                           "--result", str(result), "--faults", faults],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0 and result.exists(), f"scenario process failed ({done.returncode}):\n{done.stderr[-4000:]}"
-    outcome = json.loads(result.read_text())
-    print(outcome["line"])
-    for fig in outcome["figures"]:
+    outcome = failover.scenario(tmp_path, faults="kill,switchover", sync_settle=True)
+    print(outcome.line())
+    figures = outcome.notes.get("figures", [])
+    for fig in figures:
         print(json.dumps(fig))
-    return outcome
-
-
-def test_failover_kill_and_switchover_lose_nothing_and_everyone_reconnects(cluster, tmp_path):
-    outcome = _run(cluster, tmp_path, faults="kill,switchover", sync_settle=True)
-    assert outcome["ok"], outcome["describe"]
-    assert outcome["lost"] == 0 and outcome["overlaps"] == 0
-    kill, switch = outcome["figures"][1], outcome["figures"][2]
+    assert outcome.ok, outcome.describe()
+    assert outcome.report.lost == 0 and outcome.report.overlaps == 0
+    kill, switch = figures[1], figures[2]
     assert kill["fault"] == "kill" and switch["fault"] == "switchover"
     for fig in (kill, switch):
         assert fig["new_primary"] != fig["old_primary"]
@@ -71,4 +41,4 @@ def test_failover_kill_and_switchover_lose_nothing_and_everyone_reconnects(clust
         assert fig["producers_first_enqueue_s"] <= failover.RECOVERY_BOUND_S
         assert fig["listen_on_new_primary_s"] <= failover.RECOVERY_BOUND_S
         assert fig["wake_pickup_ms"] < 5000  # the worker on chaos.wake polls every 60 s
-    assert outcome["notes"]["acks_logged"] > 0 and outcome["notes"]["enqueues"] > 0
+    assert outcome.notes["acks_logged"] > 0 and outcome.notes["enqueues"] > 0
