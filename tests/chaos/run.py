@@ -58,6 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--out", help="output directory (default var/chaos/<UTC time>)")
     p.add_argument("--pg-name", "--db-name", dest="pg_name", default="fq_chaos",
                    help="PostgreSQL / MariaDB database to drop and create (default fq_chaos)")
+    p.add_argument("--async-settle", action="store_true",
+                   help="patroni-failover: the workers keep FQ_SYNCHRONOUS_SETTLE False (acks may be forgotten; counted)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p.parse_args(argv)
 
@@ -124,6 +126,8 @@ def run_one_db(args, db: str, out: Path) -> int:
             kwargs.update(jobs=args.jobs or 3000, minutes=args.minutes)
         elif name == "stress":
             kwargs.update(seconds=(args.minutes * 60 if args.minutes else args.seconds or 120.0), seed=args.seed)
+        elif name == "patroni-failover":
+            kwargs.update(sync_settle=not args.async_settle)
         elif name == "db-restart":
             kwargs.update(seconds=(args.minutes * 60 if args.minutes else args.seconds or 30.0))
         progress(f"{name}: starting")
