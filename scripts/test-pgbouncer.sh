@@ -4,6 +4,8 @@
 #   scripts/test-pgbouncer.sh                      # the fast tier, then the kill storm, on dj52
 #   PYTHON=.venv-dj6/bin/python scripts/test-pgbouncer.sh
 #   PYTEST_ARGS="-x -k claim" scripts/test-pgbouncer.sh
+#   scripts/test-pgbouncer.sh --run CMD ARGS...    # CMD instead of the tests, PgBouncer's port in
+#                                                  # FQ_PGBOUNCER_PORT (bench/pgbouncer.sh uses it)
 #
 # Starts PgBouncer (Debian's package; .ci/run installs it when missing) on 127.0.0.1:6432 in
 # front of the PostgreSQL server on 127.0.0.1:5432, pool_mode = transaction, and runs pytest
@@ -92,6 +94,12 @@ if ! (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
 fi
 echo "test-pgbouncer: $("$PGBOUNCER" --version | head -1) on 127.0.0.1:$PORT (transaction pooling) in front of 127.0.0.1:$PG_PORT"
 drop_test_dbs
+
+if [ "${1:-}" = "--run" ]; then
+    shift
+    FQ_PGBOUNCER_PORT="$PORT" "$@"
+    exit $?
+fi
 
 export FQ_TEST_DB=postgres FQ_TEST_PG_PORT="$PORT" FQ_TEST_PG_POOLER=transaction FQ_TEST_PG_DIRECT_PORT="$PG_PORT" \
     FQ_TEST_PG_TEST_NAME="$TEST_NAME"
