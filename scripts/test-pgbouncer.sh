@@ -61,6 +61,7 @@ cleanup() {
     rm -rf "$tmp"
 }
 trap cleanup EXIT
+trap "exit 143" TERM INT HUP  # so a budget's timeout still stops PgBouncer (it runs in a session of its own)
 
 echo '"postgres" ""' >"$tmp/userlist.txt"
 cat >"$tmp/pgbouncer.ini" <<EOF
