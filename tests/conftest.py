@@ -142,6 +142,20 @@ def _handlers_imported_into_the_real_registry():
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _listen_alias_on_the_test_database(django_db_setup):
+    """Behind a transaction pooler the listener's ``direct`` alias (tests/settings.py) must reach the test database.
+
+    pytest-django sets up only the aliases the tests ask for, so the ``MIRROR``
+    of ``direct`` is never applied: point it at ``default``'s test database here
+    (in place: every thread's new connection reads this dict).
+    """
+    from django.db import connections
+
+    if "direct" in connections.settings:
+        connections.settings["direct"]["NAME"] = connections.settings["default"]["NAME"]
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _stop_wakeup_listeners(django_db_setup):
     """The wakeup listener holds a connection to the test database: close it before the DB is dropped.
 
