@@ -10,13 +10,16 @@
 #                    SLOW_LEGS="dj6-sqlite ..." picks other legs), then the admin's browser
 #                    tests on Django 6.x (BROWSER_LEGS, default dj6-sqlite; empty: skip), then
 #                    the MariaDB kill storm and server restart (CHAOS_LEGS, default dj52-mariadb)
+#   make test-pgbouncer  the PostgreSQL fast tier and the kill storm through a real PgBouncer
+#                    (transaction pooling, 127.0.0.1:6432, started and stopped by
+#                    scripts/test-pgbouncer.sh; Django 5.2); skipped with the reason without pgbouncer
 #   make venvs       create/update .venv, .venv-dj52, .venv-dj6 and .venv-dj60 without running anything
 #   make bench       benchmark suite on PostgreSQL + SQLite (docs/performance.md);
 #                    BENCH_ARGS="--db mariadb" (or "--db all") measures MariaDB/MySQL,
 #                    BENCH_ARGS="--with-anchors" adds the other Django queues
 #   make bench-quick the same in quick mode (< 3 min; a smoke test, not results)
 #   make chaos       fault and load scenarios (kill storm, database restart, partition,
-#                    stress, SQLite busy writer) on fresh databases (docs/reliability.md);
+#                    stress, SQLite busy writer, Patroni failover) on fresh databases (docs/reliability.md);
 #                    CHAOS_ARGS="--db mariadb" (or "--db all") runs them on MariaDB too
 #   make lint        ruff check and mypy (django-stubs) on django_fq, in .venv-tools
 #   make docs        build the documentation site into site/ (mkdocs build --strict)
@@ -53,11 +56,11 @@ CHAOS_TESTS := tests/chaos/test_chaos.py::test_kill_storm_loses_nothing_and_keep
 TOOLS_EXTRAS := lint,docs,package,postgres,tasks
 DOCS_ADDR ?= 127.0.0.1:8001
 
-.PHONY: help demo test test-quick test-slow venv venvs clean bench bench-quick chaos \
+.PHONY: help demo test test-quick test-slow test-pgbouncer venv venvs clean bench bench-quick chaos \
 	tools-venv lint docs docs-serve package-check
 
 help:
-	@sed -n '3,30p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,33p' Makefile | sed 's/^# \{0,1\}//'
 
 venv:
 	@scripts/venv.sh .venv 3.11
@@ -89,6 +92,10 @@ test-slow:
 	        scripts/test-matrix.sh $(CHAOS_LEGS) || chaos=$$?; \
 	fi; \
 	[ $$slow -eq 0 ] && [ $$browser -eq 0 ] && [ $$chaos -eq 0 ]
+
+test-pgbouncer:
+	@scripts/venv.sh .venv-dj52 3.11 "$(DJ52)"
+	@PYTHON=.venv-dj52/bin/python scripts/test-pgbouncer.sh
 
 bench: venv
 	.venv/bin/python bench/run.py $(BENCH_ARGS)

@@ -10,6 +10,9 @@ for itself and passes on to the ``fq_worker`` processes it starts:
 * ``FQ_BENCH_MYSQL_NAME`` (default ``fq_bench_suite``), ``FQ_BENCH_MYSQL_HOST``
   (``127.0.0.1``), ``FQ_BENCH_MYSQL_PORT`` (``3306``), ``FQ_BENCH_MYSQL_USER``
   (``root``, no password): MariaDB 10.6+ / MySQL 8.0+;
+* ``FQ_BENCH_PG_POOLER`` (``transaction``: ``FQ_BENCH_PG_PORT`` is a
+  transaction-pooling PgBouncer; prepared statements off, LISTEN on a direct
+  alias to ``FQ_BENCH_PG_DIRECT_PORT``, default ``5432``);
 * ``FQ_BENCH_SQLITE_PATH``: the SQLite file (the suite makes a fresh one in a
   temporary directory);
 * ``FQ_BENCH_CLAIM_DBS``: the databases of the claim-latency scenarios (aliases
@@ -77,6 +80,16 @@ elif DB == "mariadb":
     }
 else:
     raise RuntimeError(f"FQ_BENCH_DB must be 'postgres', 'sqlite' or 'mariadb', not {DB!r}")
+
+# Through a transaction-pooling PgBouncer (FQ_BENCH_PG_PORT its port, FQ_BENCH_PG_POOLER=transaction):
+# the settings docs/scaling.md gives for it, the wakeup listener on a direct alias to
+# FQ_BENCH_PG_DIRECT_PORT (default 5432).
+if DB == "postgres" and os.environ.get("FQ_BENCH_PG_POOLER") == "transaction":
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    DATABASES["default"]["OPTIONS"] = {"prepare_threshold": None}
+    DATABASES["direct"] = {k: v for k, v in DATABASES["default"].items() if k not in ("OPTIONS", "DISABLE_SERVER_SIDE_CURSORS")}
+    DATABASES["direct"]["PORT"] = os.environ.get("FQ_BENCH_PG_DIRECT_PORT", "5432")
+    FQ_LISTEN_DATABASE = "direct"
 
 # The claim-latency scenarios each get a database of their own, like "default" but
 # for the name: FQ_BENCH_CLAIM_DBS="ready_small=NAME,ready_large=NAME,...".

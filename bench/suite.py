@@ -247,6 +247,8 @@ class Observer:
                 user=settings_dict["USER"],
                 dbname=settings_dict["NAME"],
                 autocommit=True,
+                # Through a transaction pooler (bench/pgbouncer.sh) prepared statements are off.
+                prepare_threshold=settings_dict.get("OPTIONS", {}).get("prepare_threshold", 5),
             )
         elif vendor == "mysql":
             import MySQLdb

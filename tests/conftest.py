@@ -49,6 +49,8 @@ def pytest_collection_modifyitems(config, items):
     one_django_elsewhere = os.environ.get("FQ_TEST_ONE_DJANGO_ON", "")
     leg = os.environ.get("FQ_TEST_LEG", "")
     kept, engine, code_only = [], [], []
+    # make test-pgbouncer: the default alias goes through PgBouncer in transaction mode (tests/settings.py).
+    pooled = vendor == "postgresql" and os.environ.get("FQ_TEST_PG_POOLER") == "transaction"
     for item in items:
         path = item.nodeid
         if (
@@ -74,6 +76,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="SQLite only (run with FQ_TEST_DB=sqlite)"))
         if vendor != "mysql" and item.get_closest_marker("mysql_only"):
             item.add_marker(pytest.mark.skip(reason="MariaDB/MySQL only (run with FQ_TEST_DB=mariadb)"))
+        if pooled and (mark := item.get_closest_marker("no_pooler")):
+            why = mark.args[0] if mark.args else "needs a server session of its own"
+            item.add_marker(pytest.mark.skip(reason=f"not through a transaction pooler: {why}"))
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -134,6 +139,20 @@ def _handlers_imported_into_the_real_registry():
     from django_fq import handlers
 
     handlers.autodiscover()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _listen_alias_on_the_test_database(django_db_setup):
+    """Behind a transaction pooler the listener's ``direct`` alias (tests/settings.py) must reach the test database.
+
+    pytest-django sets up only the aliases the tests ask for, so the ``MIRROR``
+    of ``direct`` is never applied: point it at ``default``'s test database here
+    (in place: every thread's new connection reads this dict).
+    """
+    from django.db import connections
+
+    if "direct" in connections.settings:
+        connections.settings["direct"]["NAME"] = connections.settings["default"]["NAME"]
 
 
 @pytest.fixture(autouse=True, scope="session")

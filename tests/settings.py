@@ -41,6 +41,25 @@ if DB == "postgres":
             "TEST": {"NAME": os.environ.get("FQ_TEST_PG_TEST_NAME", "test_fq")},
         }
     }
+    # libpq multi-host (HA): FQ_TEST_PG_HOST="127.0.0.1,127.0.0.1" FQ_TEST_PG_PORT="5433,5434" and
+    # FQ_TEST_PG_TARGET_SESSION_ATTRS=read-write reach whichever node is the primary (docs/scaling.md).
+    if os.environ.get("FQ_TEST_PG_TARGET_SESSION_ATTRS"):
+        DATABASES["default"]["OPTIONS"] = {
+            "target_session_attrs": os.environ["FQ_TEST_PG_TARGET_SESSION_ATTRS"],
+            "connect_timeout": int(os.environ.get("FQ_TEST_PG_CONNECT_TIMEOUT", "2")),
+        }
+    # Through a transaction-pooling PgBouncer (make test-pgbouncer): FQ_TEST_PG_PORT=6432,
+    # FQ_TEST_PG_POOLER=transaction, and FQ_TEST_PG_DIRECT_PORT the server's own port for the
+    # LISTEN alias, exactly as docs/scaling.md lays it out.
+    if os.environ.get("FQ_TEST_PG_POOLER") == "transaction":
+        DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+        DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = None
+        DATABASES["direct"] = {
+            **{k: v for k, v in DATABASES["default"].items() if k not in ("OPTIONS", "DISABLE_SERVER_SIDE_CURSORS")},
+            "PORT": os.environ.get("FQ_TEST_PG_DIRECT_PORT", "5432"),
+            "TEST": {"MIRROR": "default"},
+        }
+        FQ_LISTEN_DATABASE = "direct"
 elif DB == "mariadb":
     # MariaDB 10.6+ / MySQL 8.0+ through mysqlclient: 127.0.0.1:3306, user root without a password
     # (override with FQ_TEST_MYSQL_*). Django's default isolation on this backend is READ COMMITTED;

@@ -16,6 +16,8 @@ DATABASES = copy.deepcopy(_BASE)
 if os.environ.get("FQ_CHILD_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["FQ_CHILD_DB_NAME"]
     DATABASES["default"]["TEST"] = {"NAME": os.environ["FQ_CHILD_DB_NAME"]}
+    if "direct" in DATABASES:  # the LISTEN alias behind a pooler (tests/settings.py): same database
+        DATABASES["direct"]["NAME"] = os.environ["FQ_CHILD_DB_NAME"]
 
 FQ_TEST_CLOCK_OFFSET_MS = int(os.environ.get("FQ_CHILD_CLOCK_OFFSET_MS", "0"))
 

@@ -166,7 +166,9 @@ def _sequential_producer(args, n: int, stop_at: float, tally: Tally, out) -> Non
                 time.sleep(0.2)
         if r is not None:
             with tally.lock:
-                out.write(json.dumps({"queue": queue, "id": r.id, "created": r.created, "token": tok}) + "\n")
+                # "at": when the enqueue returned (epoch ms), for the failover scenario's recovery times.
+                out.write(json.dumps({"queue": queue, "id": r.id, "created": r.created, "token": tok,
+                                      "at": int(time.time() * 1000)}) + "\n")
                 out.flush()
             tally.op("enqueue")
         i += 1

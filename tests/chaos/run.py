@@ -10,7 +10,10 @@ db-restart (the server restarted twice under load; PostgreSQL and MariaDB),
 partition (a worker in its own network namespace cut off past its lease;
 PostgreSQL only, root), stress (8 producers, 4 consumers, 2 reapers, a
 pruner; 2 minutes), sqlite-writer (4 workers and a busy writer thread; SQLite
-only). ``all`` runs those that apply to the database.
+only), patroni-failover (kill -9 of the primary's postmaster, then a switchover, on
+an etcd + two-node Patroni cluster on 127.0.0.1:5433/5434 of its own; root,
+Debian's patroni and etcd-server; PostgreSQL only). ``all`` runs those that
+apply to the database.
 
 PostgreSQL: 127.0.0.1:5432, user postgres; the database ``fq_chaos``
 (``--pg-name``) is dropped and created again. MariaDB/MySQL (``--db mariadb``):
@@ -37,10 +40,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PG_ONLY = {"partition"}
+PG_ONLY = {"partition", "patroni-failover"}
 SERVER_ONLY = {"db-restart"}  # a database server to restart: PostgreSQL or MariaDB
 SQLITE_ONLY = {"sqlite-writer"}
-ORDER = ["kill-storm", "stress", "db-restart", "partition", "sqlite-writer"]
+ORDER = ["kill-storm", "stress", "db-restart", "partition", "sqlite-writer", "patroni-failover"]
 
 
 def parse_args(argv=None):
@@ -55,6 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--out", help="output directory (default var/chaos/<UTC time>)")
     p.add_argument("--pg-name", "--db-name", dest="pg_name", default="fq_chaos",
                    help="PostgreSQL / MariaDB database to drop and create (default fq_chaos)")
+    p.add_argument("--async-settle", action="store_true",
+                   help="patroni-failover: the workers keep FQ_SYNCHRONOUS_SETTLE False (acks may be forgotten; counted)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p.parse_args(argv)
 
@@ -121,6 +126,8 @@ def run_one_db(args, db: str, out: Path) -> int:
             kwargs.update(jobs=args.jobs or 3000, minutes=args.minutes)
         elif name == "stress":
             kwargs.update(seconds=(args.minutes * 60 if args.minutes else args.seconds or 120.0), seed=args.seed)
+        elif name == "patroni-failover":
+            kwargs.update(sync_settle=not args.async_settle)
         elif name == "db-restart":
             kwargs.update(seconds=(args.minutes * 60 if args.minutes else args.seconds or 30.0))
         progress(f"{name}: starting")

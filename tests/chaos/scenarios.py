@@ -27,6 +27,7 @@ from django.db import connection, connections, transaction
 from django_fq import services as fq
 from django_fq.exceptions import QueueNotFound
 
+from . import failover as _failover
 from . import invariants, procs
 from .netns import Partition, unavailable
 
@@ -808,6 +809,8 @@ SCENARIOS = {
     "partition": partition,
     "stress": stress,
     "sqlite-writer": sqlite_writer,
+    # Its own PostgreSQL (a Patroni cluster it starts), whatever the database this process is on.
+    "patroni-failover": lambda out, **kw: _failover.scenario(out, **kw),
 }
 
 

@@ -9,3 +9,8 @@ from tests.worker_settings import *  # noqa: F403
 from tests.worker_settings import INSTALLED_APPS as _APPS
 
 INSTALLED_APPS = [*_APPS, "tests.chaos"]
+
+import os as _os  # noqa: E402
+
+# FQ_CHAOS_SYNC_SETTLE=1: claims and acks wait for the WAL flush (and a synchronous standby) like enqueues.
+FQ_SYNCHRONOUS_SETTLE = _os.environ.get("FQ_CHAOS_SYNC_SETTLE") == "1"

@@ -20,6 +20,7 @@ def prepared_statements() -> list[str]:
         return [r[0] for r in cur.fetchall()]
 
 
+@pytest.mark.no_pooler("prepared statements are off behind PgBouncer 1.18 in transaction mode (docs/scaling.md)")
 def test_enqueue_claim_and_ack_are_prepared_after_a_few_runs():
     fq.configure("prep")
     for i in range(db.PREPARE_THRESHOLD + 1):

@@ -91,6 +91,7 @@ def _inner_env(monkeypatch) -> None:
         monkeypatch.setenv("FQ_TEST_PG_TEST_NAME", f"{base}_{os.getpid()}_plugin")
 
 
+@pytest.mark.no_pooler("its child creates and drops a test database of its own through PgBouncer, which keeps server sessions on it (DROP DATABASE is refused)")
 def test_the_plugin_fixtures_work_in_a_project_that_loads_it_with_p(pytester, monkeypatch):
     _inner_env(monkeypatch)
     pytester.makepyfile(test_inner=INNER_TESTS)
@@ -121,6 +122,7 @@ def test_the_plugin_loads_without_pytest_django_and_without_django(pytester, mon
     result.assert_outcomes(passed=1)
 
 
+@pytest.mark.no_pooler("its child creates and drops a test database of its own through PgBouncer, which keeps server sessions on it (DROP DATABASE is refused)")
 def test_an_installed_django_fq_loads_the_plugin_through_its_entry_point(pytester, monkeypatch, tmp_path):
     """What ``pip install django-fq`` gives: the entry point of the distribution's metadata, no ``-p``."""
     _inner_env(monkeypatch)

@@ -365,6 +365,7 @@ def test_c12_ack_interrupted_by_a_dropped_connection_is_retried_safely(workers, 
 
 
 @pytest.mark.postgres_only
+@pytest.mark.no_pooler("it ends the server sessions, and PgBouncer gives the next transaction a fresh one: the worker sees no error to retry")
 def test_c12_server_drops_every_worker_connection_mid_job(workers, events, gate):
     """PostgreSQL terminates the worker's sessions while a job runs; the ack that follows reconnects and lands."""
     # A first job opens the completer thread's session (acks are sent from there), so the
