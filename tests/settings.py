@@ -8,6 +8,7 @@ concurrency tests; ``:memory:`` cannot).
 
 import os
 import tempfile
+from typing import Any
 
 DB = os.environ.get("FQ_TEST_DB", "sqlite")
 SECRET_KEY = "tests-only-not-secret"
@@ -31,7 +32,7 @@ INSTALLED_APPS = [
 ]
 
 if DB == "postgres":
-    DATABASES = {
+    DATABASES: dict[str, dict[str, Any]] = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": os.environ.get("FQ_TEST_PG_NAME", "fq"),

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 
 from django.conf import settings
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
