@@ -625,6 +625,12 @@ def _ack_judged(queue: str, items: list[tuple[str, str | None, str]]) -> list:
                 # claim order among the held before the slots freed below admit any.
                 acked, keyed = store.ack_locked_releasing(conn, channel=db.NOTIFY_CHANNEL, **ack_args)
                 dependencies.admit_keyed(conn, keyed)
+                # A batch member carries the flag too (its callback waits on it): counted here, as
+                # dependencies.finished() counts the members the other ack paths finish.
+                from .. import batches  # imports the services (as dependencies.finished() does)
+
+                members = [lease["job_id"] for _, lease in live if lease["has_dependents"] and lease["job_id"] in acked]
+                batches.settle(conn, members, "succeeded")
             else:
                 acked = store.ack_locked(conn, **ack_args)
             for i, lease in live:

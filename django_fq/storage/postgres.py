@@ -260,7 +260,7 @@ counted AS (
     RETURNING d.seq, d.queue_id, d.priority, d.concurrency_key, d.state = 'queued' AS released),
 rel AS (
     SELECT r.seq, r.queue_id, r.priority, r.concurrency_key, qq.name,
-        r.concurrency_key IS NOT NULL AND qq.key_concurrency > 0 AS keyed
+        r.concurrency_key IS NOT NULL AND qq.key_concurrency + qq.key_rate_limit > 0 AS keyed
     FROM counted r JOIN {queue} qq ON qq.id = r.queue_id WHERE r.released),
 floors AS (
     UPDATE {floor} f SET seq = LEAST(f.seq, m.seq),
