@@ -1,7 +1,7 @@
 """Child process of the kill-mid-ack tests: ack a receipt and hang inside the ack's transaction.
 
 ``python -m tests.adversarial.hostile_ack_child QUEUE RECEIPT MARKER SQL_PREFIX``: the first
-statement of the ack that starts with ``SQL_PREFIX`` runs, then the child writes MARKER and
+statement of the ack that starts with ``SQL_PREFIX`` (or, with a ``*`` before it, contains it) runs, then the child writes MARKER and
 sleeps until the parent kills it (-9), so the ack's transaction never commits.
 """
 
@@ -22,7 +22,7 @@ def main() -> None:
 
     def hook(execute, sql, params, many, context):
         result = execute(sql, params, many, context)
-        if sql.lstrip().startswith(prefix):
+        if sql.lstrip().startswith(prefix) or (prefix.startswith("*") and prefix[1:] in sql):
             with open(marker, "w") as f:
                 f.write("in the ack\n")
             while True:

@@ -59,6 +59,7 @@ class Policy:
     key_concurrency: int = 0
     rate_limit: int = 0
     rate_window_ms: int = 1000
+    key_rate_limit: int = 0
 
 
 @dataclass
