@@ -9,19 +9,27 @@
 #   make test-slow   only the tests marked `slow`, on SQLite and PostgreSQL (Django 5.2;
 #                    SLOW_LEGS="dj6-sqlite ..." picks other legs), then the admin's browser
 #                    tests on Django 6.x (BROWSER_LEGS, default dj6-sqlite; empty: skip), then
-#                    the MariaDB kill storm and server restart (CHAOS_LEGS, default dj52-mariadb)
-#   make test-pgbouncer  the PostgreSQL fast tier and the kill storm through a real PgBouncer
-#                    (transaction pooling, 127.0.0.1:6432, started and stopped by
-#                    scripts/test-pgbouncer.sh; Django 5.2); skipped with the reason without pgbouncer
+#                    the MariaDB kill storms and server restart (CHAOS_LEGS, default dj52-mariadb);
+#                    the PostgreSQL legs in one lane, the rest in another, at the same time
+#                    (scripts/test-slow.sh; FQ_SLOW_LANES=1: one after the other)
+#   make test-pgbouncer  the whole PostgreSQL fast tier and the kill storm through a real
+#                    PgBouncer (transaction pooling, 127.0.0.1:6432, started and stopped by
+#                    scripts/test-pgbouncer.sh; Django 5.2; ~11 min); skipped with the reason
+#                    without pgbouncer
+#   make test-pgbouncer-ci  its pooler-sensitive part and a 10 s kill storm (what .ci/run
+#                    runs with FQ_CI_PGBOUNCER=1, under FQ_PGBOUNCER_BUDGET)
 #   make venvs       create/update .venv, .venv-dj52, .venv-dj6 and .venv-dj60 without running anything
 #   make bench       benchmark suite on PostgreSQL + SQLite (docs/performance.md);
 #                    BENCH_ARGS="--db mariadb" (or "--db all") measures MariaDB/MySQL,
 #                    BENCH_ARGS="--with-anchors" adds the other Django queues
 #   make bench-quick the same in quick mode (< 3 min; a smoke test, not results)
-#   make chaos       fault and load scenarios (kill storm, database restart, partition,
-#                    stress, SQLite busy writer, Patroni failover) on fresh databases (docs/reliability.md);
+#   make chaos       fault and load scenarios (kill storms of plain jobs, a workflow and a batch,
+#                    database restart, partition, stress, SQLite busy writer, Patroni failover)
+#                    on fresh databases (docs/reliability.md);
 #                    CHAOS_ARGS="--db mariadb" (or "--db all") runs them on MariaDB too
 #   make lint        ruff check and mypy (django-stubs) on django_fq, in .venv-tools
+#   make screenshots the admin's pages at desktop and phone width into docs/img/admin/ and docs/admin.md
+#                    (scripts/admin_screenshots.py: example project on SQLite, headless Chromium)
 #   make docs        build the documentation site into site/ (mkdocs build --strict)
 #   make docs-serve  the documentation site with live reload on DOCS_ADDR (127.0.0.1:8001)
 #   make package-check  build sdist + wheel, twine check, install the wheel in a
@@ -45,22 +53,24 @@ SLOW_LEGS ?= dj52-sqlite dj52-postgres
 # Legs that also run the admin's browser tests (tests/admin/test_browser.py) after the slow tier:
 # the admin's templates differ between Django 5.2 and 6.x. Empty: none.
 BROWSER_LEGS ?= dj6-sqlite
-# Legs that run the kill storm and the server restart of the chaos suite after that (the rest
+# Legs that run the kill storms (plain, workflow, batch) and the server restart of the chaos suite after that (the rest
 # of the MariaDB slow tier takes some 20 minutes, too long for CI). Empty: none. The restart
 # needs root (it stops and starts the local server).
 CHAOS_LEGS ?= dj52-mariadb
 CHAOS_TESTS := tests/chaos/test_chaos.py::test_kill_storm_loses_nothing_and_keeps_every_invariant \
+	tests/chaos/test_chaos.py::test_workflow_kill_storm_runs_every_step_after_its_dependencies_and_the_callback_once \
+	tests/chaos/test_chaos.py::test_batch_kill_storm_fires_the_callback_once_with_the_real_counts \
 	tests/chaos/test_chaos.py::test_mariadb_restarted_twice_producers_and_workers_recover
 # .venv-tools: ruff, mypy, mkdocs, build and twine (Python 3.12, Django 6.x),
 # kept apart from the test venvs.
 TOOLS_EXTRAS := lint,docs,package,postgres,tasks
 DOCS_ADDR ?= 127.0.0.1:8001
 
-.PHONY: help demo test test-quick test-slow test-pgbouncer venv venvs clean bench bench-quick chaos \
-	tools-venv lint docs docs-serve package-check
+.PHONY: help demo test test-quick test-slow test-pgbouncer test-pgbouncer-ci venv venvs clean bench bench-quick chaos \
+	tools-venv lint docs docs-serve package-check screenshots
 
 help:
-	@sed -n '3,33p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '3,42p' Makefile | sed 's/^# \{0,1\}//'
 
 venv:
 	@scripts/venv.sh .venv 3.11
@@ -73,6 +83,11 @@ venvs: venv
 demo: venv
 	@PYTHON=.venv/bin/python scripts/demo.sh
 
+# Its own venv: the screenshots extra (Pillow) is not one the other venvs need.
+screenshots:
+	@FQ_VENV_EXTRAS=dev,screenshots scripts/venv.sh .venv-shots 3.12 "$(DJ6)"
+	.venv-shots/bin/python scripts/admin_screenshots.py
+
 test:
 	@scripts/test-matrix.sh
 
@@ -80,22 +95,16 @@ test-quick: venv
 	FQ_TEST_DB=sqlite .venv/bin/python -m pytest -p no:cacheprovider -q -m "not slow" $(PYTEST_ARGS)
 
 test-slow:
-	@FQ_MARKERS=slow FQ_ALLOW_EMPTY=1 scripts/test-matrix.sh $(SLOW_LEGS); slow=$$?; browser=0; \
-	if [ -n "$(strip $(BROWSER_LEGS))" ]; then \
-	    FQ_MARKERS=slow FQ_ALLOW_EMPTY=1 PYTEST_ARGS="tests/admin/test_browser.py $(PYTEST_ARGS)" \
-	        scripts/test-matrix.sh $(BROWSER_LEGS) || browser=$$?; \
-	fi; \
-	chaos=0; \
-	if [ -n "$(strip $(CHAOS_LEGS))" ]; then \
-	    FQ_MARKERS=slow FQ_ALLOW_EMPTY=1 \
-	        PYTEST_ARGS="$(CHAOS_TESTS) $(PYTEST_ARGS)" \
-	        scripts/test-matrix.sh $(CHAOS_LEGS) || chaos=$$?; \
-	fi; \
-	[ $$slow -eq 0 ] && [ $$browser -eq 0 ] && [ $$chaos -eq 0 ]
+	@SLOW_LEGS="$(SLOW_LEGS)" BROWSER_LEGS="$(BROWSER_LEGS)" CHAOS_LEGS="$(CHAOS_LEGS)" \
+	    CHAOS_TESTS="$(CHAOS_TESTS)" scripts/test-slow.sh
 
 test-pgbouncer:
 	@scripts/venv.sh .venv-dj52 3.11 "$(DJ52)"
 	@PYTHON=.venv-dj52/bin/python scripts/test-pgbouncer.sh
+
+test-pgbouncer-ci:
+	@scripts/venv.sh .venv-dj52 3.11 "$(DJ52)"
+	@PYTHON=.venv-dj52/bin/python scripts/test-pgbouncer.sh --ci
 
 bench: venv
 	.venv/bin/python bench/run.py $(BENCH_ARGS)

@@ -8,8 +8,11 @@ Each run empties the django-fq tables, bulk-enqueues ``--n`` no-op jobs on queue
 (``services.enqueue_many``), then runs ``manage.py fq_worker --queue bench --burst
 --concurrency C --no-progress`` from a checkout (``new``: this one; ``base``: the ``--base``
 directory, e.g. ``git archive <commit> | tar -x -C /tmp/fq-base``) and reads the child's
-``resource`` usage from ``os.wait4``: user and system CPU seconds (start-up included), peak RSS,
-wall seconds. The log lines go to a file under ``--logs`` (as the suite's workers do). Wall time
+``resource`` usage from ``os.wait4``: user and system CPU seconds (start-up included) and
+wall seconds; the peak RSS is the worker's own ``VmHWM`` (``/proc/self/status``, read as it
+ends): ``ru_maxrss`` of a child started by ``subprocess`` is at least this script's own RSS
+(Linux keeps the larger high-water mark of the memory a ``vfork`` child shared with its parent
+across ``exec``), so it measured the script's 20,000 enqueued payloads, not the worker. The log lines go to a file under ``--logs`` (as the suite's workers do). Wall time
 is printed but is the noisy figure on a shared machine; CPU seconds per job are the one to
 compare, with base and new alternated in one sitting (docs/performance.md#where-a-jobs-time-goes).
 
@@ -63,11 +66,24 @@ def child(out_path: str, argv: list[str]) -> None:
         try:
             return run(self)
         finally:
+            cpu = time.process_time() - started
             with open(out_path, "w") as f:
-                json.dump({"run_cpu_s": time.process_time() - started, "code": os.path.dirname(core.__file__)}, f)
+                json.dump({"run_cpu_s": cpu, "code": os.path.dirname(core.__file__), "vmhwm_kb": _vmhwm_kb()}, f)
 
     core.Worker.run = timed
     execute_from_command_line(["manage.py", *argv])
+
+
+def _vmhwm_kb() -> int | None:
+    """This process's peak resident set so far (``VmHWM``, KiB); None where ``/proc`` has no such line."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
 
 
 def main(argv=None) -> int:
@@ -127,7 +143,8 @@ def main(argv=None) -> int:
                 "cpu_us_per_job": round(cpu / args.n * 1e6, 1), "wall_s": round(wall, 2),
                 # Worker.run alone (the drain without the process's start-up): this process's CPU only.
                 "run_cpu_s": round(run_cpu, 3), "run_cpu_us_per_job": round(run_cpu / args.n * 1e6, 1),
-                "max_rss_mib": round(usage.ru_maxrss / 1024, 1), "loadavg": os.getloadavg(),
+                "max_rss_mib": round(reported["vmhwm_kb"] / 1024, 1) if reported.get("vmhwm_kb") else None,
+                "loadavg": os.getloadavg(),
                 "vol_ctx": usage.ru_nvcsw, "invol_ctx": usage.ru_nivcsw,
             }
             runs.append(run)

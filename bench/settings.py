@@ -98,3 +98,8 @@ for _item in filter(None, os.environ.get("FQ_BENCH_CLAIM_DBS", "").split(",")):
     DATABASES[f"claim_{_scenario}"] = {**DATABASES["default"], "NAME": _name}
 
 LOGGING_CONFIG = None
+
+# The worker registry's heartbeat (django_fq.worker.presence): ``FQ_BENCH_WORKER_HEARTBEAT_MS=0`` runs the
+# workers without a registry row, as before issue 19, for an A/B of its cost (docs/performance.md).
+if os.environ.get("FQ_BENCH_WORKER_HEARTBEAT_MS"):
+    FQ_WORKER_HEARTBEAT_MS = int(os.environ["FQ_BENCH_WORKER_HEARTBEAT_MS"])

@@ -174,17 +174,22 @@ def acks_json(claimed: list[tuple]) -> str:
     return json.dumps([{"uid": u, "gen": g, "hash": h, "result": None, "args": ""} for u, g, h in claimed])
 
 
-def drain(store, conn, b: int, *, explain: bool) -> dict:
-    """Claim ``b`` and ack them until the queue is empty; timings, or the plans' totals when ``explain``."""
+def drain(store, conn, b: int, *, explain: bool, limit: int | None = None) -> dict:
+    """Claim ``b`` and ack them until the queue is empty (or ``limit`` jobs are done); timings, or the plans' totals when ``explain``."""
     claim_plans: list = []
     ack_plans: list = []
+    from django_fq.services import leases
+
     real_hot = store.hot_cursor
+    with conn.cursor() as cur:
+        cur.execute("SELECT id FROM django_fq_queue WHERE name = %s", [QUEUE])
+        qid = cur.fetchone()[0]
     jobs = rounds = 0
     t_claim = t_ack = 0.0
-    while True:
+    while limit is None or jobs < limit:
         hashes = [secrets.token_hex(32) for _ in range(b)]
         if explain:
-            store.hot_cursor = lambda c: Explaining(real_hot(c), claim_plans)
+            store.hot_cursor = lambda c, **kw: Explaining(real_hot(c, **kw), claim_plans)
         t0 = time.perf_counter()
         rows = store.claim_statement(
             conn, queue_name=QUEUE, count=b, visibility_ms=None, worker="ceiling", after_reap=False, cap=CAP,
@@ -194,7 +199,6 @@ def drain(store, conn, b: int, *, explain: bool) -> dict:
         if explain:
             store.hot_cursor = real_hot
             claimed = claimed_by_hash(conn, hashes)
-            store.hot_cursor = lambda c: Explaining(real_hot(c), ack_plans)
         else:
             if rows and rows[0][4] is None:
                 raise SystemExit("the claim took the slower path (a concurrency limit or an expired lease)")
@@ -202,6 +206,11 @@ def drain(store, conn, b: int, *, explain: bool) -> dict:
         if not claimed:
             store.hot_cursor = real_hot
             break
+        store.hot_cursor = real_hot
+        # Every FLOOR_RAISE_JOBS jobs claimed, a raise of the claim floor, as the worker's claims make.
+        leases._claimed(conn, qid, len(claimed))
+        if explain:
+            store.hot_cursor = lambda c, **kw: Explaining(real_hot(c, **kw), ack_plans)
         t2 = time.perf_counter()
         store.ack_matching(conn, queue_name=QUEUE, requests_json=acks_json(claimed), relaxed=True)
         t3 = time.perf_counter()
@@ -211,6 +220,7 @@ def drain(store, conn, b: int, *, explain: bool) -> dict:
         jobs += len(claimed)
         rounds += 1
     return {"jobs": jobs, "rounds": rounds, "claim_s": t_claim, "ack_s": t_ack,
+            "plans": [claim_plans[len(claim_plans) // 2], ack_plans[len(ack_plans) // 2]] if ack_plans else None,
             "claim": plan_totals(claim_plans) if explain else None,
             "ack": plan_totals(ack_plans) if explain else None}  # fmt: skip
 
@@ -220,6 +230,44 @@ def per_job(d: dict | None, jobs: int) -> dict | None:
         return None
     return {"all": {k: v / jobs for k, v in d["all"].items()},
             "parts": {p: {k: v / jobs for k, v in t.items()} for p, t in d["parts"].items()}}  # fmt: skip
+
+
+def print_parts(b: int, label: str, rec: dict) -> None:
+    for name in ("claim", "ack"):
+        for part, p in [("all", rec[name]["all"]), *sorted(rec[name]["parts"].items())]:
+            if part != "all" and not (p["WAL Records"] or p["Shared Hit Blocks"] > 0.05):
+                continue
+            print(f"b={b:4d} {label} {name:5s} {part:7s} per job: {1000 * p['ms']:6.1f} us, WAL {p['WAL Records']:5.2f} rec "
+                  f"{p['WAL FPI']:5.3f} FPI {p['WAL Bytes']:6.0f} B, buffers hit {p['Shared Hit Blocks']:5.1f} "
+                  f"read {p['Shared Read Blocks']:4.2f} dirtied {p['Shared Dirtied Blocks']:5.2f}")  # fmt: skip
+
+
+def start_and_end(store, conn, args) -> list[dict]:
+    """Fill ``--explain-at-n`` jobs; explain the first and the last ``--explain-jobs`` of their drain.
+
+    What a long drain does to the statements: the same claim and ack, on a
+    queue just filled (a fresh claim index, a table of ready rows) and on the
+    same queue near its end (the rows and index entries the drain left).
+    """
+    out = []
+    k = args.explain_jobs
+    for b in [int(x) for x in args.batches.split(",")]:
+        fill(args.explain_at_n)
+        first = drain(store, conn, b, explain=True, limit=k)
+        t0 = time.perf_counter()
+        mid = drain(store, conn, b, explain=False, limit=args.explain_at_n - 2 * k)
+        mid_s = time.perf_counter() - t0
+        last = drain(store, conn, b, explain=True)
+        rec = {"batch": b, "at_n": args.explain_at_n, "middle_jobs_s": mid["jobs"] / mid_s,
+               "first": {"jobs": first["jobs"], "claim": per_job(first["claim"], first["jobs"]),
+                         "ack": per_job(first["ack"], first["jobs"]), "plans": first["plans"]},
+               "last": {"jobs": last["jobs"], "claim": per_job(last["claim"], last["jobs"]),
+                        "ack": per_job(last["ack"], last["jobs"]), "plans": last["plans"]}}  # fmt: skip
+        print(f"b={b:4d} N={args.explain_at_n}: unexplained middle {rec['middle_jobs_s']:,.0f} jobs/s", flush=True)
+        print_parts(b, "first", rec["first"])
+        print_parts(b, "last ", rec["last"])
+        out.append(rec)
+    return out
 
 
 def main() -> int:
@@ -236,6 +284,13 @@ def main() -> int:
         action="append",
         default=[],
         help="SQL run after migrating (repeatable): to measure a schema variant, e.g. an index dropped",
+    )
+    ap.add_argument(
+        "--explain-at-n",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also fill N jobs and explain the first and the last --explain-jobs of their drain (each batch size)",
     )
     args = ap.parse_args()
 
@@ -294,6 +349,8 @@ def main() -> int:
             print("          rows per job: " + "; ".join(
                 f"{t.removeprefix('django_fq_')} " + " ".join(f"{k} {v:.2f}" for k, v in r.items() if v)
                 for t, r in rows.items()))  # fmt: skip
+        if args.explain_at_n:
+            results += start_and_end(store, connection, args)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"n": args.n, "setup_sql": args.setup_sql, "results": results}, f, indent=1)

@@ -16,8 +16,12 @@ the same run (docs/performance.md#workflows):
   *plain*: a random 0.3–1.3 s pause, t0, ``enqueue`` of one job, wait until it
   succeeded, sample = handler start − t0; *hand-off*: a job of the worker's
   queue depending on two jobs of a queue nobody serves, both claimed by this
-  process, the first acked beforehand; a random pause, t0, ``ack`` of the
-  second (the last dependency), sample = the dependent's handler start − t0.
+  process, the first acked beforehand; a random pause, t0, the ack of the
+  second (the last dependency) as a worker's completer makes it
+  (``ack_many`` with the claim's ``has_dependents`` hint), sample = the
+  dependent's handler start − t0. The enqueue's and the ack's own wall time
+  are recorded too (``plain_enqueue_call``, ``handoff_ack_call``): the rest
+  of each sample is commit → wakeup → claim → handler.
   Both clocks are this host's ``time.time()``; the database-clock figures
   beside them are ``claimed_at − enqueued_at`` (plain) and the dependent's
   ``claimed_at`` − the dependency's ``finished_at`` (hand-off), in whole ms.
@@ -240,6 +244,7 @@ class Bench:
                 time.sleep(0.001)
 
         plain, handoff, plain_db, handoff_db = [], [], [], []
+        plain_call, handoff_call = [], []  # the enqueue's / the ack's own wall time (ms)
         try:
             self.fq.configure(DEP_QUEUE)
             wait_done(self.fq.enqueue(STAMP_QUEUE, {"warmup": True}).id, 120)
@@ -250,6 +255,7 @@ class Bench:
                 time.sleep(rng.uniform(0.3, 1.3))
                 t0 = time.time()
                 uid = self.fq.enqueue(STAMP_QUEUE, {"k": k}).id
+                plain_call.append((time.time() - t0) * 1000)
                 row = wait_done(uid)
                 plain.append((json.loads(row[1])["t"] - t0) * 1000)
                 plain_db.append(row[3] - row[2])
@@ -261,7 +267,9 @@ class Bench:
                 self.fq.ack(DEP_QUEUE, claimed[a].receipt)
                 time.sleep(rng.uniform(0.3, 1.3))
                 t0 = time.time()
-                self.fq.ack(DEP_QUEUE, claimed[b].receipt)
+                # As a worker's completer acks it: its claim said others depend on it (the hint).
+                self.fq.ack_many(DEP_QUEUE, [(claimed[b].receipt, None)], has_dependents=[b])
+                handoff_call.append((time.time() - t0) * 1000)
                 row = wait_done(dependent)
                 handoff.append((json.loads(row[1])["t"] - t0) * 1000)
                 acked_at = obs.one("SELECT finished_at FROM django_fq_job WHERE uid = %s", (b,))[0]
@@ -282,6 +290,8 @@ class Bench:
             "handoff": stats(handoff),
             "plain_db": stats(plain_db),
             "handoff_db": stats(handoff_db),
+            "plain_enqueue_call": stats(plain_call),
+            "handoff_ack_call": stats(handoff_call),
             "worker_exit": exit_code,
         }
         lat = self.out["latency_ms"]

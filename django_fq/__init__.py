@@ -38,7 +38,7 @@ _SERVICES = frozenset(
     {
         "ack", "ack_many", "cancel", "claim", "configure", "delete_queue", "enqueue", "enqueue_many",
         "extend", "fold_counters", "get", "jobs", "nack", "pause", "policy", "prune", "queues", "reap", "release",
-        "report_progress", "requeue", "results", "resume", "retry", "stats", "wait",
+        "report_progress", "requeue", "results", "resume", "retry", "stats", "wait", "workers",
     }
 )
 

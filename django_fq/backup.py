@@ -109,7 +109,7 @@ from typing import IO, Any, cast
 from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Case, F, Field, Value, When
 
-from . import conf, db, payloads, storage, validation
+from . import conf, db, payloads, routing, storage, validation
 from .exceptions import ImportConflict, InvalidArgument, InvalidBackup, QueueNotFound, TooManyQueues
 from .models import QUEUED_STATES, Batch, BatchMember, Dependency, IdempotencyToken, Job, Queue
 from .services import dependencies
@@ -218,6 +218,41 @@ def export_jsonl(out: IO[str], queues: Sequence[str] | None = None, *, progress=
     for a named queue that does not exist (nothing is written then).
     """
     names = None if queues is None else list(dict.fromkeys(validation.queue_name(n) for n in queues))
+    if routing.enabled() and routing.current() is None:
+        return _export_every_alias(out, names, progress)
+    return _export_one(out, names, progress)
+
+
+def _export_every_alias(out: IO[str], names: list[str] | None, progress) -> ExportSummary:
+    """:func:`export_jsonl` with ``FQ_QUEUE_DATABASES``: the queues of each alias in turn, under one header.
+
+    Each alias is read in a snapshot of its own (one database cannot give a
+    snapshot of another); the header is the first alias's. Named queues are
+    looked for on their aliases before anything is written.
+    """
+    groups = routing.group_by_alias(names) if names is not None else dict.fromkeys(routing.aliases())
+    if names is not None:
+        for alias, group in groups.items():
+            with routing.using(alias):
+                found = set(manager(Queue).filter(name__in=group).values_list("name", flat=True))
+            for name in group or ():
+                if name not in found:
+                    raise QueueNotFound(f"no such queue: {name}", field="queue")
+    parts: list[ExportSummary] = []
+    for alias, group in groups.items():
+        with routing.using(alias):
+            parts.append(_export_one(out, group, progress, header=not parts, owned_only=group is None))
+    return ExportSummary(
+        queues=sum(p.queues for p in parts), jobs=sum(p.jobs for p in parts), tokens=sum(p.tokens for p in parts),
+        running_as_ready=sum(p.running_as_ready for p in parts), exported_at=parts[0].exported_at,
+        batches=sum(p.batches for p in parts),
+    )  # fmt: skip
+
+
+def _export_one(
+    out: IO[str], names: list[str] | None, progress, *, header: bool = True, owned_only: bool = False
+) -> ExportSummary:
+    """Export ``names`` (``None``: every queue) of the current alias; ``owned_only``: only the queues it is the alias of."""
     running = n_jobs = n_tokens = n_batches = 0
     with _snapshot() as conn:
         rows = list(
@@ -228,6 +263,9 @@ def export_jsonl(out: IO[str], queues: Sequence[str] | None = None, *, progress=
             for name in names:
                 if name not in found:
                     raise QueueNotFound(f"no such queue: {name}", field="queue")
+        if owned_only:
+            here = conf.database()
+            rows = [q for q in rows if routing.alias_for(q.name) == here]
         ids = [q.id for q in rows]
         if progress is not None:
             total = len(rows)
@@ -236,7 +274,8 @@ def export_jsonl(out: IO[str], queues: Sequence[str] | None = None, *, progress=
                 total += manager(IdempotencyToken).filter(queue_id__in=ids).count()
             progress.reset(total=total)
         exported_at = db.db_now_ms()
-        _write(out, {"format": FORMAT, "version": VERSION, "exported_at": exported_at, "database": storage.for_connection(conn).export_name})
+        if header:
+            _write(out, {"format": FORMAT, "version": VERSION, "exported_at": exported_at, "database": storage.for_connection(conn).export_name})
         for q in rows:
             sums = counter_sums(conn, q.id, _TOTALS)
             _write(
@@ -521,33 +560,85 @@ def import_jsonl(lines: Iterable[str | bytes], *, dry_run: bool = False, progres
     when ``lines`` cannot be read. Nothing is changed when it raises.
     """
     source = _Replayable(lines, progress)
-    owned = not db.connection().in_atomic_block
     try:
-        for attempt in range(IMPORT_TRIES):
-            imp = _Importer()
-            try:
-                with db.write_atomic():
-                    for n, raw in enumerate(source.lines(), 1):
-                        imp.feed(n, raw)
-                    imp.finish()
-                    if dry_run:
-                        raise _DryRun
-            except _DryRun:
-                pass
-            except DatabaseError as exc:
-                if not owned or not _concurrent(exc):
-                    raise
-                if attempt == IMPORT_TRIES - 1:
-                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                    raise ImportConflict(
-                        f"concurrent writes got in the way {IMPORT_TRIES} times (last: {first}); "
-                        "nothing was imported: run it again once the other import or producer is done"
-                    ) from None
-                time.sleep(0.01 * (2**attempt) * (0.5 + random.random()))
-                continue
-            return imp.summary(dry_run)
+        if routing.enabled() and routing.current() is None:
+            return _import_every_alias(source, dry_run)
+        return _import_one(lambda: enumerate(source.lines(), 1), dry_run)
     finally:
         source.close()
+
+
+def _import_every_alias(source: _Replayable, dry_run: bool) -> ImportSummary:
+    """:func:`import_jsonl` with ``FQ_QUEUE_DATABASES``: each alias gets the header and the lines of its queues.
+
+    A line goes to the alias of its queue (``name`` of a queue line, ``queue``
+    of the others) as the mapping says now, so a backup of one database can
+    be restored onto another. Every alias's part is first run as a dry run
+    (all of them checked before any is written); then each is imported in a
+    transaction of its own, all or nothing per alias. A line that cannot be
+    read goes with the first alias's part, whose import reports it by its
+    line number in the file. The lines are held in memory meanwhile.
+    """
+    parts: dict[str, list[tuple[int, str | bytes]]] = {}
+    header: tuple[int, str | bytes] | None = None
+    first = routing.aliases()[0]
+    for n, raw in enumerate(source.lines(), 1):
+        if n == 1:
+            header = (n, raw)
+            continue
+        alias = first
+        try:
+            obj = json.loads(raw)
+            name = obj.get("name") if obj.get("type") == "queue" else obj.get("queue")
+            if isinstance(name, str):
+                alias = routing.alias_for(name)
+        except (ValueError, AttributeError):
+            pass
+        parts.setdefault(alias, []).append((n, raw))
+    if header is None:
+        with routing.using(first):
+            return _import_one(lambda: iter(()), dry_run)
+    if not parts:
+        parts[first] = []
+    order = {a: i for i, a in enumerate(routing.aliases())}
+    ordered = sorted(parts.items(), key=lambda kv: order.get(kv[0], len(order)))
+    summaries: list[ImportSummary] = []
+    for run_dry in (True,) if dry_run else (True, False):
+        summaries = []
+        for alias, numbered in ordered:
+            with routing.using(alias):
+                summaries.append(_import_one(lambda numbered=numbered: iter([header, *numbered]), run_dry))
+    total = {f: sum(getattr(p, f) for p in summaries) for f in ImportSummary.__dataclass_fields__ if f != "dry_run"}
+    total["lines"] = max(p.lines for p in summaries)  # each part counts up to its last line's number in the file
+    return ImportSummary(**total, dry_run=dry_run)
+
+
+def _import_one(numbered, dry_run: bool) -> ImportSummary:
+    """Import the ``(line number, raw line)`` pairs ``numbered()`` yields (called again for each try) on the current alias."""
+    owned = not db.connection().in_atomic_block
+    for attempt in range(IMPORT_TRIES):
+        imp = _Importer()
+        try:
+            with db.write_atomic():
+                for n, raw in numbered():
+                    imp.feed(n, raw)
+                imp.finish()
+                if dry_run:
+                    raise _DryRun
+        except _DryRun:
+            pass
+        except DatabaseError as exc:
+            if not owned or not _concurrent(exc):
+                raise
+            if attempt == IMPORT_TRIES - 1:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise ImportConflict(
+                    f"concurrent writes got in the way {IMPORT_TRIES} times (last: {first}); "
+                    "nothing was imported: run it again once the other import or producer is done"
+                ) from None
+            time.sleep(0.01 * (2**attempt) * (0.5 + random.random()))
+            continue
+        return imp.summary(dry_run)
     raise AssertionError("unreachable")  # pragma: no cover
 
 

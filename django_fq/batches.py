@@ -32,6 +32,7 @@ Usage::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,8 +40,8 @@ from typing import Any
 
 from django.db.models import F
 
-from . import conf, db, storage, validation
-from .exceptions import BatchNotFound, InvalidArgument, InvalidState
+from . import conf, db, routing, storage, validation
+from .exceptions import BatchNotFound, InvalidArgument, InvalidState, WrongDatabase
 from .models import ACTIVE, Batch, BatchMember, Queue
 from .types import EnqueueResult
 
@@ -171,6 +172,13 @@ def _parse_callback(callback: object, default_queue: str) -> tuple[str, str, str
         validation.queue_name(queue)
     except InvalidArgument as exc:
         raise type(exc)(f"callback.queue: {exc.message}", field="callback.queue") from None
+    if routing.alias_for(queue) != routing.alias_for(default_queue):
+        # The last member's ack enqueues the callback in its own transaction: one database.
+        raise WrongDatabase(
+            f"callback.queue: queue {queue} is on database {routing.alias_for(queue)!r}, the batch's queue "
+            f"{default_queue} on {routing.alias_for(default_queue)!r}; a batch and its callback share one database",
+            field="callback.queue",
+        )
     from .services.enqueue import parse_options
 
     options = {k: v for k, v in callback.items() if k in CALLBACK_OPTIONS and v is not None}
@@ -300,15 +308,18 @@ def join(conn, joined: Mapping[int, tuple[str, Sequence[str]]]) -> None:
         store.join_batch(conn, pk, uids)
 
 
-def settle(conn, seqs: Sequence[int], outcome: str) -> None:
+def settle(conn, seqs: Sequence[int], outcome: str, *, found: dict[int, int] | None = None) -> None:
     """Jobs ``seqs`` just finished with ``outcome`` (``succeeded``, ``dead``, ``cancelled``) in this transaction.
 
     Counts the members among them in their batches, under each batch row's
     lock (pk order), and fires the callback of a sealed batch whose last
     member this was. One lookup by the membership's primary key, then two
-    statements per batch touched.
+    statements per batch touched. ``found``: that lookup's answer
+    (``{batch id: members}``) when the caller's statement already made it
+    (PostgreSQL's releasing ack); ``seqs`` is then not read.
     """
-    found = storage.for_connection(conn).batches_of(conn, seqs)
+    if found is None:
+        found = storage.for_connection(conn).batches_of(conn, seqs)
     for pk in sorted(found):
         _manager(Batch).filter(id=pk).update(**{outcome: F(outcome) + found[pk]})
         _fire_if_done(conn, pk)
@@ -357,6 +368,35 @@ def prune(conn, *, retention_ms: int, limit: int) -> int:
 # --- the public API -------------------------------------------------------------------------
 
 
+def _alias_holding(batch_id: object) -> str | None:
+    """The alias whose database holds batch ``batch_id`` (asked alias by alias), ``None`` if none does."""
+    if not validation.job_id(batch_id):
+        return None
+    for alias in routing.aliases():
+        if Batch.objects.using(alias).filter(uid=batch_id).exists():
+            return alias
+    return None
+
+
+def _by_batch(fn):
+    """Run a verb of one batch on its database: the ``queue`` keyword's alias, else the alias that holds the batch.
+
+    Batch ids are random 128-bit values, so at most one database holds a batch.
+    Without ``FQ_QUEUE_DATABASES`` (or inside :func:`django_fq.routing.using`) the verb runs as it is.
+    """
+
+    @functools.wraps(fn)
+    def routed(batch_id, *args, queue=None, **kwargs):
+        if not routing.enabled() or routing.current() is not None:
+            return fn(batch_id, *args, queue=queue, **kwargs)
+        alias = routing.alias_for(queue) if queue is not None else _alias_holding(batch_id)
+        with routing.using(alias or conf.get("FQ_DATABASE")):
+            return fn(batch_id, *args, queue=queue, **kwargs)
+
+    return routed
+
+
+@routing.by_queue
 def create(queue: str, *, callback: Mapping | Sequence | None = None, create_queue: bool = True) -> BatchInfo:
     """Create an open batch in ``queue`` (created with the default policy if missing, unless ``create_queue=False``).
 
@@ -398,6 +438,7 @@ def create(queue: str, *, callback: Mapping | Sequence | None = None, create_que
     return _info(_manager(Batch).select_related("queue").get(id=pk))
 
 
+@_by_batch
 def add(batch_id: str, items: Iterable[Mapping], *, queue: str | None = None) -> list[EnqueueResult]:
     """Enqueue ``items`` (envelopes, as for ``enqueue_many``) as members of open batch ``batch_id``, all or none.
 
@@ -419,6 +460,7 @@ def add(batch_id: str, items: Iterable[Mapping], *, queue: str | None = None) ->
     return enqueue_many(b.queue.name, envelopes, create_queue=False)
 
 
+@_by_batch
 def seal(batch_id: str, *, queue: str | None = None) -> BatchInfo:
     """No more members: the callback fires when the last member finishes, or now if all have.
 
@@ -439,16 +481,28 @@ def seal(batch_id: str, *, queue: str | None = None) -> BatchInfo:
     return get(batch_id, queue=queue)
 
 
+@_by_batch
 def cancel(batch_id: str, *, queue: str | None = None) -> BatchInfo:
     """Cancel the batch (no callback will be enqueued) and every member that has not finished.
 
     The batch becomes ``cancelled`` first, in its own transaction; then its
-    waiting, scheduled, ready and running members are cancelled one by one,
-    each in its own transaction as ``cancel`` does it (and counted as
-    cancelled), read :data:`CANCEL_CHUNK` at a time; dead ones stay dead. Calling it again finishes an interrupted run. Raises
-    :class:`BatchNotFound`, :class:`InvalidState` (the batch already finished).
+    waiting, scheduled, ready and running members (stored ``waiting``,
+    ``held``, ``queued``, ``running``) are cancelled :data:`CANCEL_CHUNK`
+    (500) at a time, one transaction per chunk and a bounded number of
+    statements in each, whatever the chunk holds
+    (:meth:`Store.cancel_unfinished <django_fq.storage.dependencies.DependencySql.cancel_unfinished>`):
+    as ``cancel`` does it for one job, a running member's lease ends (its
+    receipt then raises :class:`ReceiptCancelled`), each is counted as
+    cancelled in its queue and in the batch, a key's slot goes to its next
+    held job, and the members' dependents are cancelled or released as
+    their edges' ``on_failure`` says. Dead members stay dead; members that
+    finished meanwhile are counted by whoever finished them. Calling it
+    again finishes an interrupted run. Raises :class:`BatchNotFound`,
+    :class:`InvalidState` (the batch already finished).
     """
-    from .services.jobs import cancel as cancel_job
+    from .services import dependencies
+    from .services import keys as slots
+    from .services._base import HISTORY_KEEP, add_counters
 
     def mark():
         b = _find(batch_id, queue, lock=True)
@@ -459,31 +513,48 @@ def cancel(batch_id: str, *, queue: str | None = None) -> BatchInfo:
         return b
 
     b = db.retrying(mark)
+    queue_name = b.queue.name
+
+    def cancel_chunk(seqs: list[int]) -> None:
+        conn = db.connection()
+        gone = storage.for_connection(conn).cancel_unfinished(conn, now=db.now_sql(conn), seqs=seqs, keep=HISTORY_KEEP)
+        if not gone:
+            return
+        per_queue: dict[int, int] = {}
+        for r in gone:
+            per_queue[r["queue_id"]] = per_queue.get(r["queue_id"], 0) + 1
+        for queue_id, n in sorted(per_queue.items()):
+            add_counters(conn, queue_id, cancelled=n, active=-n)
+        # A queued or running job of a key held one of its slots (a waiting or held one none).
+        freed = [r["concurrency_key"] for r in gone if r["state"] in ("queued", "running")]
+        slots.give_back(conn, queue_id=b.queue_id, queue=queue_name, freed=freed)
+        # Counts them in the batch and applies their dependents' policies, all of the chunk at once.
+        dependencies.finished(conn, [r["seq"] for r in gone], "cancelled")
+
     after = 0
     while True:
         rows = list(
             _manager(BatchMember)
             .filter(batch_id=b.id, job_id__gt=after)
             .order_by("job_id")
-            .values_list("job_id", "job__uid", "job__state")[:CANCEL_CHUNK]
+            .values_list("job_id", "job__state")[:CANCEL_CHUNK]
         )
         if not rows:
             break
-        for _seq, uid, state in rows:
-            if state in ACTIVE:
-                try:
-                    cancel_job(b.queue.name, uid)
-                except InvalidState:
-                    pass  # finished meanwhile: counted by whoever finished it
+        active = [seq for seq, state in rows if state in ACTIVE]
+        if active:
+            db.retrying(cancel_chunk, active)
         after = rows[-1][0]
     return get(batch_id, queue=queue)
 
 
+@_by_batch
 def get(batch_id: str, *, queue: str | None = None) -> BatchInfo:
     """The batch: state, counts, ``done``/``progress``, callback. Raises :class:`BatchNotFound`."""
     return _info(_find(batch_id, queue))
 
 
+@_by_batch
 def members(
     batch_id: str, *, queue: str | None = None, state: str | None = None, limit: int = 100, after: str | None = None
 ) -> list[dict]:
@@ -523,8 +594,33 @@ def list_batches(
     """Batches, newest first: of ``queue`` (every queue when ``None``), in ``state`` (one of :data:`STATES`).
 
     ``limit`` 1 – 1,000; ``after``: a batch id, to read the page after it.
+    With ``FQ_QUEUE_DATABASES`` and no ``queue``, the databases are read one
+    after the other (newest first within each, in ``routing.aliases()`` order);
+    ``after`` continues on the database that holds that batch.
     Raises :class:`QueueNotFound`, :class:`InvalidArgument` (``state``, ``limit``, ``after``).
     """
+    if routing.enabled() and routing.current() is None:
+        if queue is not None:
+            with routing.using(routing.alias_for(queue)):
+                return _list_batches(queue, state=state, limit=limit, after=after)
+        names = routing.aliases()
+        start = 0
+        if after is not None:
+            holder = _alias_holding(after)
+            if holder is None:
+                raise InvalidArgument("after must be the id of a batch", field="after")
+            start = names.index(holder)
+        out: list[BatchInfo] = []
+        for i, alias in enumerate(names[start:]):
+            with routing.using(alias):
+                out += _list_batches(None, state=state, limit=limit - len(out), after=after if i == 0 else None)
+            if len(out) >= limit:
+                break
+        return out
+    return _list_batches(queue, state=state, limit=limit, after=after)
+
+
+def _list_batches(queue: str | None, *, state: str | None, limit: int, after: str | None) -> list[BatchInfo]:
     from .services._base import get_queue
 
     validation.integer(limit, "limit", 1, MAX_PAGE)

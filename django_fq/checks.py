@@ -52,7 +52,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from . import conf, handlers, storage, validation
+from . import conf, handlers, routing, storage, validation
 from .exceptions import HandlerLoadError
 
 
@@ -109,7 +109,8 @@ def check_settings(app_configs=None, **kwargs):
         )
     if conf.database() not in settings.DATABASES:
         errors.append(Error(f"FQ_DATABASE={conf.database()!r} is not in DATABASES.", id="django_fq.E002"))
-    for name in ("FQ_MAX_JOBS_PER_QUEUE", "FQ_MAX_TOKENS_PER_QUEUE", "FQ_MAX_QUEUES", "FQ_FINISHED_RETENTION_MS"):
+    for name in ("FQ_MAX_JOBS_PER_QUEUE", "FQ_MAX_TOKENS_PER_QUEUE", "FQ_MAX_QUEUES", "FQ_FINISHED_RETENTION_MS",
+                 "FQ_HISTORY_RETENTION_MS"):
         value = conf.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             errors.append(Error(f"{name} must be a positive integer.", id="django_fq.E003"))
@@ -120,6 +121,15 @@ def check_settings(app_configs=None, **kwargs):
     ttl_hi = validation.POLICY_BOUNDS["ttl_ms"][1]
     if isinstance(ttl, bool) or not isinstance(ttl, int) or not 0 <= ttl <= ttl_hi:
         errors.append(Error(f"FQ_QUEUE_TTL_MS must be an integer from 0 to {ttl_hi} (365 days).", id="django_fq.E003"))
+    beat = conf.get("FQ_WORKER_HEARTBEAT_MS")
+    lo, hi = conf.WORKER_HEARTBEAT_MIN_MS, conf.WORKER_HEARTBEAT_MAX_MS
+    if isinstance(beat, bool) or not isinstance(beat, int) or not (beat == 0 or lo <= beat <= hi):
+        errors.append(
+            Error(
+                f"FQ_WORKER_HEARTBEAT_MS must be 0 (no registry row) or an integer from {lo} to {hi} (1 hour).",
+                id="django_fq.E003",
+            )
+        )
     offload = conf.get("FQ_PAYLOAD_OFFLOAD_BYTES")
     if isinstance(offload, bool) or not isinstance(offload, int) or offload < 0:
         errors.append(Error("FQ_PAYLOAD_OFFLOAD_BYTES must be an integer of at least 0.", id="django_fq.E003"))
@@ -142,6 +152,7 @@ def check_settings(app_configs=None, **kwargs):
                 id="django_fq.E009",
             )
         )
+    errors += _check_queue_databases()
     if conf.database() in settings.DATABASES:
         errors += _check_routing()
     db: dict[str, Any] = settings.DATABASES.get(conf.database(), {})
@@ -176,6 +187,18 @@ def _check_routing() -> list:
     alias = conf.database()
     routed = {router.db_for_read(Queue), router.db_for_write(Queue)}
     migrates = router.allow_migrate_model(alias, Queue)
+    others = [a for a in routing.aliases()[1:] if a in settings.DATABASES]
+    unmigrated = [a for a in others if not router.allow_migrate_model(a, Queue)]
+    if unmigrated and routed == {alias} and migrates:
+        return [
+            Warning(
+                f"FQ_QUEUE_DATABASES sends queues to {', '.join(map(repr, unmigrated))}, but the database "
+                "routers do not migrate django-fq's models there.",
+                hint="Add 'django_fq.routers.FqRouter' to DATABASE_ROUTERS and run migrate --database for "
+                "each alias (docs/how-to/queues-over-databases.md).",
+                id="django_fq.W003",
+            )
+        ]
     if routed == {alias} and migrates:
         return []
     return [
@@ -190,6 +213,55 @@ def _check_routing() -> list:
             id="django_fq.W003",
         )
     ]
+
+
+def _check_queue_databases() -> list:
+    """E050 / W050: ``FQ_QUEUE_DATABASES`` that cannot be read, names an unknown alias, or has a pattern no queue reaches."""
+    raw = getattr(settings, routing.SETTING, None)
+    try:
+        rules = routing.parse(raw)
+    except ValueError as exc:
+        return [Error(f"{exc}.", hint="See docs/how-to/queues-over-databases.md.", id="django_fq.E050")]
+    found: list[CheckMessage] = []
+    for pattern, alias in rules:
+        if alias not in settings.DATABASES:
+            found.append(
+                Error(
+                    f"FQ_QUEUE_DATABASES sends {pattern!r} to {alias!r}, which is not in DATABASES.",
+                    id="django_fq.E050",
+                )
+            )
+    for i, (pattern, alias) in enumerate(rules):
+        why = _never_matched(pattern, rules[:i])
+        if why:
+            found.append(
+                Warning(
+                    f"FQ_QUEUE_DATABASES pattern {pattern!r} (to {alias!r}) never matches: {why}.",
+                    hint="Patterns are tried in order, first match wins; put the narrower one first.",
+                    id="django_fq.W050",
+                )
+            )
+    return found
+
+
+#: The characters a pattern may hold besides those of queue names: fnmatch's ``* ? [ ] !``.
+_PATTERN_CHARS = frozenset("*?[]!")
+
+
+def _never_matched(pattern: str, earlier) -> str | None:
+    """Why ``pattern`` can never route a queue (after the ``earlier`` rules), or ``None`` when it may."""
+    import re
+    from fnmatch import fnmatchcase
+
+    stray = sorted({c for c in pattern if c not in _PATTERN_CHARS and not re.fullmatch(r"[A-Za-z0-9:._-]", c)})
+    if stray and "[" not in pattern:
+        return f"queue names never hold {''.join(stray)!r}"
+    for before, alias in earlier:
+        # An earlier pattern that matches this pattern's own text (its wildcards read as letters)
+        # matches every name this one matches: "*" before anything, "a:*" before "a:b*".
+        if fnmatchcase(pattern, before):
+            return f"the earlier pattern {before!r} (to {alias!r}) matches every queue it matches"
+    return None
 
 
 def _fq_task_aliases() -> list[str]:
@@ -303,40 +375,43 @@ def check_sqlite_wal(app_configs=None, databases=None, **kwargs):
     """A file SQLite database must be in WAL mode when worker processes share it."""
     from django.db import connections
 
-    alias = conf.database()
-    if not databases or alias not in databases:
-        return []
-    conn = connections[alias]
-    store = storage.find(conn)
-    mode = None if store is None else store.journal_mode(conn)  # None: not a file database shared by processes
-    if mode is not None and mode.lower() != "wal":
-        return [
-            Error(
-                f"SQLite database {alias!r} uses journal_mode={mode}, not WAL.",
-                hint="Add 'init_command': 'PRAGMA journal_mode=WAL;' to its OPTIONS: without WAL, "
-                "several worker processes block each other and every reader.",
-                id="django_fq.E004",
+    found = []
+    for alias in routing.aliases():
+        if not databases or alias not in databases:
+            continue
+        conn = connections[alias]
+        store = storage.find(conn)
+        mode = None if store is None else store.journal_mode(conn)  # None: not a file database shared by processes
+        if mode is not None and mode.lower() != "wal":
+            found.append(
+                Error(
+                    f"SQLite database {alias!r} uses journal_mode={mode}, not WAL.",
+                    hint="Add 'init_command': 'PRAGMA journal_mode=WAL;' to its OPTIONS: without WAL, "
+                    "several worker processes block each other and every reader.",
+                    id="django_fq.E004",
+                )
             )
-        ]
-    return []
+    return found
 
 
 @register(Tags.database)
 def check_database_server(app_configs=None, databases=None, **kwargs):
-    """E030–E032, W030–W032: the server behind ``FQ_DATABASE`` as its store checks it (MariaDB/MySQL today)."""
+    """E030–E032, W030–W032: the server behind each alias that holds queues as its store checks it (MariaDB/MySQL today)."""
     from django.apps import apps
     from django.db import connections
 
-    alias = conf.database()
-    if not databases or alias not in databases:
-        return []
-    conn = connections[alias]
-    store = storage.find(conn)
-    if store is None:
-        return []
+    out = []
     tables = [model._meta.db_table for model in apps.get_app_config("django_fq").get_models()]
-    found = store.check_server(conn, tables=tables, max_payload_bytes=conf.max_payload_bytes())
-    return [(Error if f.error else Warning)(f.msg, hint=f.hint, id=f.id) for f in found]
+    for alias in routing.aliases():
+        if not databases or alias not in databases:
+            continue
+        conn = connections[alias]
+        store = storage.find(conn)
+        if store is None:
+            continue
+        found = store.check_server(conn, tables=tables, max_payload_bytes=conf.max_payload_bytes())
+        out += [(Error if f.error else Warning)(f.msg, hint=f.hint, id=f.id) for f in found]
+    return out
 
 
 @register()

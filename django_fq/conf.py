@@ -8,6 +8,9 @@ Every setting is optional. Values are read on each access (so tests can use
 setting                        default             meaning
 =============================  ==================  ==========================================
 ``FQ_DATABASE``                ``"default"``       database alias that holds the queue tables
+``FQ_QUEUE_DATABASES``         ``{}``              ``{pattern: alias}`` (or ``[(pattern, alias)]``):
+                                                   queues on other databases, first match wins
+                                                   (django_fq.routing)
 ``FQ_MAX_PAYLOAD_BYTES``       1 MiB (1048576)     largest payload / result, in bytes of
                                                    compact UTF-8 JSON; at most 32 MiB
 ``FQ_PAYLOAD_OFFLOAD_BYTES``   8 KiB (8192)        payloads larger than this are kept in a side
@@ -18,6 +21,8 @@ setting                        default             meaning
 ``FQ_MAX_QUEUES``              10,000              queues the database may hold; creating one
                                                    more fails with ``too_many_queues``
 ``FQ_FINISHED_RETENTION_MS``   7 days              succeeded/cancelled jobs are pruned after this
+``FQ_HISTORY_RETENTION_MS``    8 days              per-minute history rows are pruned after this
+                                                   (docs/reference/history.md)
 ``FQ_QUEUE_TTL_MS``            0                   the ``ttl_ms`` a queue gets when it is created
                                                    (0: none; docs/reference/semantics.md §9)
 ``FQ_HANDLERS``                ``{}``              ``{queue: "dotted.path"}`` handlers, besides
@@ -41,6 +46,10 @@ setting                        default             meaning
                                                    and worker runs (django_fq.tracing)
 ``FQ_TRACING_PARENT``          ``"child"``         a run's span: child of the enqueuing span,
                                                    or ``"link"``: a new trace linked to it
+``FQ_WORKER_HEARTBEAT_MS``     10,000 (10 s)       how often a worker moves the heartbeat of its
+                                                   row in the worker registry (one ``UPDATE``);
+                                                   gone after 3 missed beats; 0: no registry row
+                                                   (docs/admin.md "Workers")
 ``FQ_TEST_CLOCK_OFFSET_MS``    0                   tests only: shifts the database clock
                                                    *inside the SQL expression*
 ``FQ_INLINE``                  ``False``           tests only: ``True`` (or a list of queue
@@ -51,6 +60,8 @@ setting                        default             meaning
 """
 
 from __future__ import annotations
+
+from contextvars import ContextVar
 
 from django.conf import settings
 
@@ -70,6 +81,7 @@ DEFAULTS = {
     "FQ_MAX_TOKENS_PER_QUEUE": 1_000_000,
     "FQ_MAX_QUEUES": 10_000,
     "FQ_FINISHED_RETENTION_MS": 7 * 24 * 3600 * 1000,
+    "FQ_HISTORY_RETENTION_MS": 8 * 24 * 3600 * 1000,
     "FQ_QUEUE_TTL_MS": 0,
     "FQ_TEST_CLOCK_OFFSET_MS": 0,
     "FQ_SYNCHRONOUS_SETTLE": False,
@@ -77,6 +89,7 @@ DEFAULTS = {
     "FQ_HANDLER_MIDDLEWARE": [],
     "FQ_ENQUEUE_MIDDLEWARE": [],
     "FQ_INLINE": False,
+    "FQ_WORKER_HEARTBEAT_MS": 10_000,
 }
 
 
@@ -85,9 +98,15 @@ def get(name: str):
     return getattr(settings, name, DEFAULTS[name])
 
 
+#: The alias of the operation running in this thread or task, set by :func:`django_fq.routing.using`
+#: (each verb of a queue sets its queue's alias when ``FQ_QUEUE_DATABASES`` routes queues); ``None``: none.
+current_alias: ContextVar[str | None] = ContextVar("django_fq_alias", default=None)
+
+
 def database() -> str:
-    """The database alias holding django-fq's tables (``FQ_DATABASE``)."""
-    return get("FQ_DATABASE")
+    """The database alias django-fq works on now: the current operation's (see :mod:`django_fq.routing`), else ``FQ_DATABASE``."""
+    alias = current_alias.get()
+    return alias if alias is not None else get("FQ_DATABASE")
 
 
 def max_payload_bytes() -> int:
@@ -123,3 +142,23 @@ def queue_ttl_ms() -> int:
 def max_queues() -> int:
     """Most queues the database may hold (``FQ_MAX_QUEUES``); creating one more raises ``TooManyQueues``."""
     return int(get("FQ_MAX_QUEUES"))
+
+
+#: Bounds of ``FQ_WORKER_HEARTBEAT_MS`` when not 0 (ms): a beat more often than every 50 ms is load
+#: for nothing, one rarer than an hour would leave a dead worker shown live for three hours.
+WORKER_HEARTBEAT_MIN_MS, WORKER_HEARTBEAT_MAX_MS = 50, 3_600_000
+
+
+def worker_heartbeat_ms() -> int:
+    """How often (ms) a worker beats its registry row (``FQ_WORKER_HEARTBEAT_MS``, default 10,000; 0: no row).
+
+    A value the system check refuses (not an integer, outside 50 ms - 1 h) is
+    taken as the default here, so a worker never fails on it.
+    """
+    default = int(DEFAULTS["FQ_WORKER_HEARTBEAT_MS"])  # type: ignore[call-overload]
+    value = get("FQ_WORKER_HEARTBEAT_MS")
+    if isinstance(value, bool) or not isinstance(value, int):
+        return default
+    if value == 0:
+        return 0
+    return value if WORKER_HEARTBEAT_MIN_MS <= value <= WORKER_HEARTBEAT_MAX_MS else default

@@ -51,6 +51,12 @@ class InvalidDependency(InvalidArgument):
     code = "invalid_dependency"
 
 
+class WrongDatabase(InvalidArgument):
+    """The queue is on another database than the transaction or the other queues of this operation (FQ_QUEUE_DATABASES)."""
+
+    code = "wrong_database"
+
+
 class InvalidWorkflow(InvalidArgument):
     """The workflow is not valid (a step name used twice, an unknown step, a cycle, a limit); nothing was written."""
 

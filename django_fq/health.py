@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-from . import conf, db, storage, validation
+from . import conf, db, routing, storage, validation
 from .exceptions import QueueNotFound
 from .models import Job, Lease, Queue
 
@@ -183,9 +183,13 @@ def database_setting_error() -> str | None:
     queues are read; ``fq`` and the exporter view report this line instead.
     """
     alias = conf.database()
-    return None if alias in settings.DATABASES else f"FQ_DATABASE={alias!r} is not in DATABASES"
+    if alias not in settings.DATABASES:
+        return f"FQ_DATABASE={alias!r} is not in DATABASES"
+    missing = [a for a in routing.aliases() if a not in settings.DATABASES]
+    return f"FQ_QUEUE_DATABASES names {missing[0]!r}, which is not in DATABASES" if missing else None
 
 
+@routing.every_alias(lambda answers: sorted((h for _alias, rows in answers for h in rows), key=lambda h: h.queue))
 def _read(queue: str | None, stuck_lease_ms: int) -> list[QueueHealth]:
     conn = db.connection()
     if queue is None:

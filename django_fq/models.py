@@ -322,6 +322,7 @@ class Batch(models.Model):
 
     class Meta:
         db_table = "django_fq_batch"
+        verbose_name_plural = "batches"
         constraints = [models.UniqueConstraint(fields=["uid"], name="fq_batch_uid")]
         # Listings of a queue's batches, newest first; prune's finished ones by age.
         indexes = [
@@ -583,3 +584,80 @@ class KeyClaim(models.Model):
 
     def __str__(self) -> str:
         return f"claim of key {self.key} of queue {self.queue_id} at {self.at}"
+
+
+class WorkerProcess(models.Model):
+    """One live (or lately gone) worker process, as it registered itself (docs/admin.md "Workers").
+
+    A worker upserts its row when it starts, moves ``heartbeat_at`` (and
+    ``running``) with one ``UPDATE`` every ``heartbeat_ms``
+    (``FQ_WORKER_HEARTBEAT_MS``) and deletes the row on a clean shutdown. A
+    row whose heartbeat is older than :data:`django_fq.workers.STALE_BEATS`
+    of its own intervals is reported *gone* (the process died or lost the
+    database); the reaper's prune deletes it an hour after that
+    (:data:`django_fq.workers.GONE_KEEP_MS`). With ``FQ_QUEUE_DATABASES`` a
+    worker has a row on each database alias it serves, listing that alias's
+    queues. Instants are epoch ms of the database clock. Nothing here is a
+    secret: a worker holds receipts, its row never does.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    worker_id = models.CharField(
+        "worker id", max_length=200, help_text="as on the leases: hostname:pid:random by default"
+    )
+    host = models.CharField(max_length=255)
+    pid = models.BigIntegerField()
+    queues = models.TextField(help_text="the queue names served on this database, comma-separated")
+    concurrency = models.IntegerField()
+    running = models.IntegerField(default=0, help_text="jobs running at the last heartbeat")
+    pool = models.CharField(max_length=40, help_text="threads, asyncio, threads+asyncio or processes")
+    version = models.CharField(max_length=40, help_text="django_fq.__version__ of the worker")
+    started_at = models.BigIntegerField(help_text="epoch ms, database clock")
+    heartbeat_at = models.BigIntegerField(help_text="epoch ms, database clock")
+    heartbeat_ms = models.BigIntegerField(help_text="the worker's heartbeat interval, ms")
+
+    class Meta:
+        db_table = "django_fq_worker"
+        verbose_name = "worker"
+        verbose_name_plural = "workers"
+        constraints = [models.UniqueConstraint(fields=["worker_id"], name="fq_worker_id")]
+        indexes = [models.Index(fields=["heartbeat_at"], name="fq_worker_heartbeat")]
+
+    def __str__(self) -> str:
+        return self.worker_id
+
+
+class QueueMinute(models.Model):
+    """One row of a queue's per-minute history (docs/reference/history.md).
+
+    ``minute`` is the start of the minute (epoch ms, database clock). The row
+    with ``kind`` 0 (``bin`` 0) holds the minute's throughput: jobs enqueued,
+    attempts succeeded, attempts failed and retried, attempts that left their
+    job dead. Rows with ``kind`` 1 (wait time) or 2 (run time) hold one bin
+    of that minute's log-scale histogram: ``n`` attempts fell in bin ``bin``
+    (:mod:`django_fq.services.history` has the bin edges). Written by the
+    processes that claim, settle and enqueue (one upsert per process and
+    minute), pruned by :func:`~django_fq.services.prune` after
+    ``FQ_HISTORY_RETENTION_MS``.
+    """
+
+    # Deleted with its queue by the store (Store.delete_queue_rows), as the queue's other rows.
+    queue = models.ForeignKey(Queue, on_delete=models.DO_NOTHING, related_name="+", db_index=False, db_constraint=False)
+    minute = models.BigIntegerField(help_text="start of the minute, epoch ms (database clock)")
+    kind = models.SmallIntegerField(default=0, help_text="0 throughput, 1 wait-time bin, 2 run-time bin")
+    bin = models.SmallIntegerField(default=0)
+    enqueued = models.IntegerField(default=0, db_default=0)
+    succeeded = models.IntegerField(default=0, db_default=0)
+    failed = models.IntegerField(default=0, db_default=0)
+    dead = models.IntegerField(default=0, db_default=0)
+    n = models.IntegerField(default=0, db_default=0, help_text="attempts in this histogram bin")
+
+    class Meta:
+        db_table = "django_fq_minute"
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "minute", "kind", "bin"], name="fq_minute_unique"),
+        ]
+        indexes = [models.Index(fields=["minute"], name="fq_minute_minute")]
+
+    def __str__(self) -> str:
+        return f"history of queue {self.queue_id} at {self.minute} ({self.kind}/{self.bin})"

@@ -9,7 +9,7 @@ every claim of the job, so no receipt is ever valid for two leases.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import hashlib
 import hmac
 import re
@@ -34,13 +34,29 @@ class ParsedReceipt:
         return f"ParsedReceipt(job_id={self.job_id!r}, generation={self.generation})"
 
 
+class Receipt(str):
+    """A receipt minted in this process: its text, and its parts as :func:`parse` would find them.
+
+    It compares, hashes, prints and serialises as the plain text. A settle parses every
+    receipt it is given (a regular expression and a SHA-256 of the secret); for the
+    receipts a worker got from its own claim, :func:`parse` returns :attr:`parsed`,
+    made when the receipt was minted from the same secret and hash. A receipt that
+    came from outside the process is a plain ``str`` and is parsed as before.
+    """
+
+    __slots__ = ("parsed",)
+
+    parsed: ParsedReceipt
+
+
 def new(job_id: str, generation: int) -> tuple[str, str]:
     """Mint a receipt for lease ``generation`` of ``job_id``.
 
     Returns ``(receipt, secret_hash)``; only the hash is to be stored.
     """
     secret = secrets.token_urlsafe(32)
-    return f"{PREFIX}.{job_id}.{generation}.{secret}", _hash(secret)
+    secret_hash = _hash(secret)
+    return compose(job_id, generation, secret, secret_hash), secret_hash
 
 
 def new_secret() -> tuple[str, str]:
@@ -59,22 +75,42 @@ def new_secrets(n: int) -> list[tuple[str, str]]:
     """
     raw = secrets.token_bytes(_SECRET_BYTES * n)
     out = []
+    encode, sha256 = binascii.b2a_base64, hashlib.sha256
     for i in range(0, _SECRET_BYTES * n, _SECRET_BYTES):
-        secret = base64.urlsafe_b64encode(raw[i : i + _SECRET_BYTES]).rstrip(b"=").decode("ascii")
-        out.append((secret, _hash(secret)))
+        # token_urlsafe's text (URL-safe base64 without its one "="), hashed as bytes: no round trip through str.
+        text = encode(raw[i : i + _SECRET_BYTES], newline=False)[:_SECRET_CHARS].translate(_URLSAFE)
+        out.append((text.decode("ascii"), sha256(text).hexdigest()))
     return out
 
 
 _SECRET_BYTES = 32
+#: Base64 characters of a 32-byte secret, without padding.
+_SECRET_CHARS = 43
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 
-def compose(job_id: str, generation: int, secret: str) -> str:
-    """The receipt text of lease ``generation`` of ``job_id`` holding ``secret``."""
-    return f"{PREFIX}.{job_id}.{generation}.{secret}"
+def compose(job_id: str, generation: int, secret: str, secret_hash: str | None = None) -> str:
+    """The receipt text of lease ``generation`` of ``job_id`` holding ``secret``.
+
+    With ``secret_hash`` (which must be the hash :func:`new_secrets` paired with
+    ``secret``) a well-shaped receipt is returned as a :class:`Receipt` carrying its
+    parts, so that settling it later does not hash the secret again.
+    """
+    text = f"{PREFIX}.{job_id}.{generation}.{secret}"
+    if secret_hash is None or generation.__class__ is not int or _SHAPE.fullmatch(text) is None:
+        return text
+    receipt = Receipt(text)
+    receipt.parsed = ParsedReceipt(job_id, generation, secret_hash)
+    return receipt
 
 
 def parse(receipt: object) -> ParsedReceipt | None:
     """Split a presented receipt; ``None`` when it is not shaped like one of ours."""
+    if receipt.__class__ is Receipt:
+        try:
+            return receipt.parsed
+        except AttributeError:  # made some other way than compose(): parsed below
+            pass
     if not isinstance(receipt, str) or len(receipt) > 128:
         return None
     m = _SHAPE.fullmatch(receipt)

@@ -12,6 +12,10 @@ already names the alias on every query; the router is for what Django does
 on its own with the models: migrations, the admin's related-field filters
 and form validation, ``Job.objects`` in a shell or in your code.
 
+With ``FQ_QUEUE_DATABASES`` (queues over several databases) every alias
+that may hold queues gets the tables: ``migrate --database ALIAS`` for each
+(docs/how-to/queues-over-databases.md).
+
 It only speaks for the ``django_fq`` app and answers ``None`` ("no
 opinion") for every other model, so it combines with your own routers in
 any order. It reads ``FQ_DATABASE`` on every call, like the rest of
@@ -20,7 +24,7 @@ django-fq. See ``docs/how-to/separate-database.md``.
 
 from __future__ import annotations
 
-from . import conf
+from . import conf, routing
 
 APP_LABEL = "django_fq"
 
@@ -30,7 +34,12 @@ def _ours(model) -> bool:
 
 
 class FqRouter:
-    """Route reads, writes and migrations of django-fq's models to ``FQ_DATABASE``."""
+    """Route reads, writes and migrations of django-fq's models to ``FQ_DATABASE``.
+
+    With ``FQ_QUEUE_DATABASES``, reads and writes go to the alias of the
+    django-fq operation running (``conf.database()``: the queue's, inside a
+    verb), and migrations run on every alias that may hold queues.
+    """
 
     def db_for_read(self, model, **hints):
         """``FQ_DATABASE`` for django-fq's models, ``None`` for any other."""
@@ -47,7 +56,7 @@ class FqRouter:
         return None
 
     def allow_migrate(self, db, app_label, model_name=None, **hints):
-        """django-fq's migrations run on ``FQ_DATABASE`` only; ``None`` for other apps."""
+        """django-fq's migrations run on ``FQ_DATABASE`` and every alias of ``FQ_QUEUE_DATABASES``; ``None`` for other apps."""
         if app_label == APP_LABEL:
-            return db == conf.database()
+            return db in routing.aliases()
         return None

@@ -58,7 +58,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, register
 from django.core.checks import Warning as CheckWarning
 
-from . import conf, db, validation
+from . import conf, db, routing, validation
 from .exceptions import FqError, ScheduleError
 
 logger = logging.getLogger("django_fq.scheduler")
@@ -524,6 +524,8 @@ def run_due(now_ms: int | None = None) -> int:
     (queue full, …) is logged and the others go on; database errors propagate.
     """
     schedule = entries()
+    if schedule and routing.enabled():
+        return _run_due_routed(schedule, now_ms)
     if not schedule:
         return 0
     if now_ms is None:
@@ -534,6 +536,29 @@ def run_due(now_ms: int | None = None) -> int:
             created += _run_entry(entry, now_ms)
         except FqError as exc:
             logger.error("schedule %s: enqueue into %s failed: %s", entry.name, entry.queue, exc)
+    return created
+
+
+def _run_due_routed(schedule: list[Entry], now_ms: int | None) -> int:
+    """:func:`run_due` with ``FQ_QUEUE_DATABASES``: each entry on its queue's database, by that database's clock.
+
+    Inside :func:`django_fq.routing.using` (a worker's reaper of one alias) only
+    the entries whose queue is on that alias run.
+    """
+    here = routing.current()
+    clocks: dict[str, int] = {}
+    created = 0
+    for entry in schedule:
+        alias = routing.alias_for(entry.queue)
+        if here is not None and alias != here:
+            continue
+        with routing.using(alias):
+            try:
+                if alias not in clocks:
+                    clocks[alias] = now_ms if now_ms is not None else db.db_now_ms()
+                created += _run_entry(entry, clocks[alias])
+            except FqError as exc:
+                logger.error("schedule %s: enqueue into %s failed: %s", entry.name, entry.queue, exc)
     return created
 
 

@@ -274,8 +274,45 @@ class ReapResult:
 
 @dataclass(frozen=True)
 class PruneResult:
-    """What one prune pass removed: finished jobs, expired idempotency tokens, and queues past their TTL."""
+    """What one prune pass removed: finished jobs, expired idempotency tokens, queues past their TTL,
+    history rows, and the registry rows of workers gone for an hour (``workers``; docs/admin.md "Workers")."""
 
     jobs: int = 0
     tokens: int = 0
     queues: int = 0
+    workers: int = 0
+    #: Per-minute history rows older than ``FQ_HISTORY_RETENTION_MS`` (docs/reference/history.md).
+    history: int = 0
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A worker process as it registered itself (:func:`django_fq.services.workers`; docs/admin.md "Workers").
+
+    ``worker_id`` is the id on its leases (``hostname:pid:random`` unless
+    ``--worker-id``); ``queues`` the queues it serves on ``database`` (the
+    alias; with ``FQ_QUEUE_DATABASES`` a worker has a row on each alias it
+    serves); ``concurrency`` its runner slots and ``running`` the jobs it ran
+    at its last heartbeat; ``pool`` ``threads``, ``asyncio``,
+    ``threads+asyncio`` or ``processes``; ``version`` its django-fq version.
+    ``started_at`` and ``heartbeat_at`` are epoch ms (database clock),
+    ``heartbeat_ms`` its heartbeat interval and ``age_ms`` how old its last
+    heartbeat is. ``state`` is ``live``, or ``gone`` once the heartbeat is
+    older than ``STALE_BEATS`` (3) intervals: the process died or lost the
+    database (its leases then expire as usual).
+    """
+
+    worker_id: str
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    running: int
+    pool: str
+    version: str
+    started_at: int
+    heartbeat_at: int
+    heartbeat_ms: int
+    age_ms: int
+    state: str
+    database: str

@@ -9,7 +9,9 @@ connection, not a thousand.
 
 The listening connection uses the connection parameters of the alias named
 by the setting ``FQ_LISTEN_DATABASE`` (default: django-fq's own alias,
-``FQ_DATABASE``). Point it at a direct or session-pooled connection when
+``FQ_DATABASE``; a dict ``{alias: listen alias}`` with queues over several
+databases, where each alias has a listener of its own: see
+:func:`listen_alias_for`). Point it at a direct or session-pooled connection when
 ``FQ_DATABASE`` goes through a transaction-pooling PgBouncer, which cannot
 keep a LISTEN (the notifications themselves are sent by the enqueue's own
 transaction and pass through any pooler).
@@ -60,6 +62,21 @@ def listener() -> Listener:
         return found
 
 
+def listen_alias_for(alias: str) -> str:
+    """The alias whose connection parameters the listener of ``alias`` uses (``FQ_LISTEN_DATABASE``).
+
+    ``FQ_LISTEN_DATABASE`` is an alias (it then serves ``FQ_DATABASE``'s
+    listener only: with ``FQ_QUEUE_DATABASES`` every other alias listens on
+    itself) or a dict ``{alias: listen alias}``. Default: ``alias`` itself.
+    """
+    setting = getattr(settings, "FQ_LISTEN_DATABASE", None)
+    if isinstance(setting, dict):
+        return setting.get(alias) or alias
+    if setting and alias == conf.get("FQ_DATABASE"):
+        return setting
+    return alias
+
+
 def notify_in_process(alias: str, queue: str) -> None:
     """Wake this process's waiters on ``queue`` (a queue name) of database alias ``alias``.
 
@@ -96,7 +113,7 @@ class Listener:
     def __init__(self, alias: str, listen_alias: str | None = None):
         self.alias = alias
         #: The alias whose connection parameters the listening connection uses.
-        self.listen_alias = listen_alias or getattr(settings, "FQ_LISTEN_DATABASE", None) or alias
+        self.listen_alias = listen_alias or listen_alias_for(alias)
         self._cond = threading.Condition()
         self._seen: dict[str, int] = {}
         self._total = 0

@@ -35,8 +35,8 @@ from typing import Any
 
 from django.db import transaction
 
-from . import conf, db, validation
-from .exceptions import FqError, InvalidDependency, InvalidWorkflow
+from . import conf, db, routing, validation
+from .exceptions import FqError, InvalidDependency, InvalidWorkflow, WrongDatabase
 from .services import dependencies
 from .services.enqueue import ENVELOPE_KEYS
 
@@ -242,7 +242,29 @@ class Workflow:
         levels = self.levels()
         if not levels:
             return {}
-        return db.retrying(self._write, levels, create_queues)
+        if not routing.enabled():
+            return db.retrying(self._write, levels, create_queues)
+        with routing.using(self._alias(levels)):
+            routing.check_transaction(self._steps[levels[0][0]][0], field=f"steps[{levels[0][0]}].queue")
+            return db.retrying(self._write, levels, create_queues)
+
+    def _alias(self, levels: list[list[str]]) -> str:
+        """The one database alias of every step's queue; :class:`WrongDatabase` naming the first step elsewhere."""
+        first: tuple[str, str] | None = None
+        for level in levels:
+            for name in level:
+                alias = routing.alias_for(self._steps[name][0])
+                if first is None:
+                    first = (name, alias)
+                elif alias != first[1]:
+                    raise WrongDatabase(
+                        f"step {name!r}: queue {self._steps[name][0]} is on database {alias!r}, but step "
+                        f"{first[0]!r} is on {first[1]!r}; the jobs of one workflow share one database "
+                        "(their dependencies are rows of it)",
+                        field=f"steps[{name}].queue",
+                    )
+        assert first is not None
+        return first[1]
 
     def _write(self, levels: list[list[str]], create_queues: bool | Collection[str] = True) -> dict[str, str]:
         ids: dict[str, str] = {}
@@ -488,6 +510,7 @@ class WorkflowInfo:
     truncated: bool = False
 
 
+@routing.by_queue
 def show(queue: str, job_id: str) -> WorkflowInfo:
     """The workflow of job ``job_id`` of ``queue``: every job connected to it by dependencies, each way.
 
@@ -536,6 +559,7 @@ class CancelledWorkflow:
     finished: int
 
 
+@routing.by_queue
 def cancel(
     queue: str, job_id: str, *, manageable: Callable[[set[str]], set[str]] | None = None
 ) -> CancelledWorkflow:

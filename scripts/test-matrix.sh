@@ -55,6 +55,13 @@ ensure_venv() {  # ensure_venv LEG -> sets $venv; creates/updates each venv once
     esac
 }
 
+# FQ_PREPARE_ONLY=1: create/update the legs' venvs (and mysqlclient) and stop (scripts/test-slow.sh,
+# before it runs two lanes at once).
+if [ "${FQ_PREPARE_ONLY:-0}" = 1 ]; then
+    for leg in "${legs[@]}"; do ensure_venv "$leg" || exit 1; done
+    exit 0
+fi
+
 for leg in "${legs[@]}"; do
     echo
     echo "==================== $leg (pytest -m \"$markers\") ===================="
@@ -105,51 +112,5 @@ for leg in "${legs[@]}"; do
 done
 # One closing line with the totals over every leg, from the JUnit reports, after the name of
 # each failing test (leg, then the pytest node id).
-python3 - "$reports" "${FQ_SUMMARY_FILE:-}" "${FQ_FAILED_FILE:-}" <<'PY'
-import glob, os, sys
-import xml.etree.ElementTree as ET
-
-
-def node_id(classname: str, name: str) -> str:
-    """``tests.worker.test_x.TestY`` + ``test_z`` -> ``tests/worker/test_x.py::TestY::test_z``."""
-    parts = classname.split(".") if classname else []
-    for cut in range(len(parts), 0, -1):
-        path = "/".join(parts[:cut]) + ".py"
-        if os.path.exists(path):
-            return "::".join([path, *parts[cut:], name])
-    return "::".join([p for p in (classname, name) if p])
-
-
-passed = failed = skipped = 0
-failures = []
-for path in sorted(glob.glob(sys.argv[1] + "/*.xml")):
-    leg = os.path.basename(path)[: -len(".xml")]
-    try:
-        root = ET.parse(path).getroot()
-    except ET.ParseError:
-        failures.append((leg, "(its JUnit report could not be read)"))
-        continue
-    suites = [root] if root.tag == "testsuite" else root.iter("testsuite")
-    for s in suites:
-        t, f, e, sk = (int(s.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
-        passed += t - f - e - sk
-        failed += f + e
-        skipped += sk
-        for case in s.iter("testcase"):
-            for kind in ("failure", "error"):
-                if case.find(kind) is not None:
-                    label = node_id(case.get("classname", ""), case.get("name", ""))
-                    failures.append((leg, label + (" (error)" if kind == "error" else "")))
-if failures:
-    print("failing tests:")
-    for leg, label in failures:
-        print(f"  {leg:<14} {label}")
-print(f"matrix: {passed} passed, {failed} failed, {skipped} skipped")
-if sys.argv[2]:  # .ci/run adds up the tiers
-    with open(sys.argv[2], "a") as fh:
-        fh.write(f"{passed} {failed} {skipped}\n")
-if sys.argv[3]:  # .ci/run lists them again at its end
-    with open(sys.argv[3], "a") as fh:
-        fh.writelines(f"{leg} {label}\n" for leg, label in failures)
-PY
+python3 scripts/junit-summary.py "$reports" matrix "${FQ_SUMMARY_FILE:-}" "${FQ_FAILED_FILE:-}"
 exit $failed

@@ -165,3 +165,17 @@ def _stop_wakeup_listeners(django_db_setup):
     from django_fq import wakeup
 
     wakeup.shutdown_all()
+
+
+@pytest.fixture(autouse=True)
+def _history_tally_discarded():
+    """The process's unwritten history minutes (django_fq.services.history) belong to one test's database.
+
+    Forgotten before and after each test, so a minute tallied in one test
+    is never written into the next test's tables.
+    """
+    from django_fq.services import history
+
+    history.TALLY.discard()
+    yield
+    history.TALLY.discard()

@@ -44,6 +44,11 @@ def test_checks_accept_the_test_settings():
         ("FQ_QUEUE_TTL_MS", -1, "django_fq.E003"),
         ("FQ_QUEUE_TTL_MS", 366 * 24 * 3600 * 1000, "django_fq.E003"),
         ("FQ_QUEUE_TTL_MS", "1h", "django_fq.E003"),
+        ("FQ_WORKER_HEARTBEAT_MS", 49, "django_fq.E003"),
+        ("FQ_WORKER_HEARTBEAT_MS", 3_600_001, "django_fq.E003"),
+        ("FQ_WORKER_HEARTBEAT_MS", -1, "django_fq.E003"),
+        ("FQ_WORKER_HEARTBEAT_MS", "10s", "django_fq.E003"),
+        ("FQ_WORKER_HEARTBEAT_MS", True, "django_fq.E003"),
     ],
 )
 def test_bad_settings_are_reported(settings, name, value, check_id):
@@ -100,3 +105,19 @@ def test_object_api_nack_and_validation():
         Queue("no spaces")
     with pytest.raises(VisibilityOutOfRange):
         Queue("ok", visibility_ms=0)
+
+
+@pytest.mark.parametrize("value", [0, 50, 10_000, 3_600_000])
+def test_worker_heartbeat_values_in_range_pass_the_check(settings, value):
+    settings.FQ_WORKER_HEARTBEAT_MS = value
+    assert "django_fq.E003" not in _ids(checks.check_settings(None))
+    from django_fq import conf
+
+    assert conf.worker_heartbeat_ms() == value
+
+
+def test_a_worker_heartbeat_the_check_refuses_is_read_as_the_default(settings):
+    from django_fq import conf
+
+    settings.FQ_WORKER_HEARTBEAT_MS = "10s"
+    assert conf.worker_heartbeat_ms() == 10_000

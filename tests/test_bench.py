@@ -193,3 +193,56 @@ def test_pickup_floor_prints_its_figures_and_leaves_no_database():
 
     with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as admin:
         assert admin.execute("SELECT count(*) FROM pg_database WHERE datname = 'fq_bench_floor'").fetchone()[0] == 0
+
+
+def _pg_database_exists(name: str) -> bool:
+    import psycopg
+
+    with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as admin:
+        return admin.execute("SELECT count(*) FROM pg_database WHERE datname = %s", [name]).fetchone()[0] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only
+def test_sql_ceiling_explains_the_start_and_the_end_of_a_long_drain(tmp_path):
+    out = tmp_path / "ceiling.json"
+    name = "fq_test_ceiling_at_n"
+    proc = subprocess.run(
+        [sys.executable, "bench/sql_ceiling.py", "--n", "300", "--batches", "50", "--explain-jobs", "100",
+         "--explain-at-n", "600", "--pg-name", name, "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    at_n = [r for r in json.loads(out.read_text())["results"] if "at_n" in r]
+    assert len(at_n) == 1 and at_n[0]["batch"] == 50 and at_n[0]["at_n"] == 600
+    for end in ("first", "last"):
+        part = at_n[0][end]
+        assert part["jobs"] >= 100, part["jobs"]  # each explained stretch claimed and acked its jobs
+        for statement in ("claim", "ack"):
+            totals = part[statement]["all"]
+            assert totals["WAL Records"] > 1 and totals["Shared Hit Blocks"] > 1, (end, statement, totals)
+        assert len(part["plans"]) == 2  # one claim plan and one ack plan kept for reading
+    assert "N=600: unexplained middle" in proc.stdout
+    assert not _pg_database_exists(name)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres_only
+def test_drain_n_reports_the_drain_by_tenths_and_leaves_no_database(tmp_path):
+    out = tmp_path / "drain.json"
+    name = "fq_test_drain_n"
+    proc = subprocess.run(
+        [sys.executable, "bench/drain_n.py", "--n", "2000", "--pg-name", name, "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["record"]["ok"] and result["record"]["succeeded"] == 2000
+    assert len(result["jobs_by_tenth"]) == 10 and sum(result["jobs_by_tenth"]) == 2000
+    last = result["samples"][-1]
+    assert last["tables"]["django_fq_job"]["upd"] == 4000  # a claim and an ack per job
+    assert last["heap_pages"]["job"] > 0 and "fq_job_claim" in last["index_pages"]
+    assert set(result["server_cpu_us_per_job"]) == {"observer", "worker"}  # sampled every second: ~0 for so short a drain
+    if os.access("/usr/bin/time", os.X_OK):
+        assert result["worker_cpu_us_per_job"] > 0
+    assert not _pg_database_exists(name)

@@ -723,7 +723,7 @@ def test_prune_removes_finished_jobs_past_retention(clock):
     made = ok("enqueue", Q, "1")
     kept = ok("enqueue", Q, "2")
     ok("ack", Q, claim_one()["receipt"])
-    assert ok("prune", "--retention", 60_000) == {"jobs": 0, "tokens": 0, "queues": 0}
+    assert ok("prune", "--retention", 60_000) == {"jobs": 0, "tokens": 0, "queues": 0, "workers": 0, "history": 0}
     clock.advance(60_001)
     assert ok("prune", "--retention", 60_000)["jobs"] == 1
     fails("get", Q, made["id"], code="job_not_found")

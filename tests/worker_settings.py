@@ -24,3 +24,7 @@ FQ_TEST_CLOCK_OFFSET_MS = int(os.environ.get("FQ_CHILD_CLOCK_OFFSET_MS", "0"))
 # A worker test may shorten SQLite's busy timeout (seconds) to see "database is locked" errors quickly.
 if os.environ.get("FQ_CHILD_SQLITE_TIMEOUT") and DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = float(os.environ["FQ_CHILD_SQLITE_TIMEOUT"])
+
+# A worker registry test beats often (django_fq.worker.presence), so a killed worker is gone in a second.
+if os.environ.get("FQ_CHILD_WORKER_HEARTBEAT_MS"):
+    FQ_WORKER_HEARTBEAT_MS = int(os.environ["FQ_CHILD_WORKER_HEARTBEAT_MS"])

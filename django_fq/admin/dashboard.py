@@ -19,6 +19,8 @@ Where the chart's numbers come from (also in ``docs/admin.md``):
   An entry at time *t* implies the job's ``changed_at`` ≥ *t*, so only jobs
   changed within the hour that have a history are looked at, newest first, and
   at most :data:`FAILURE_SCAN_LIMIT` of them (the chart says when it was cut).
+  A dead job's last failure is one of them: the history's ``failed`` counts
+  the same attempts (docs/reference/history.md), and its ``dead`` the jobs.
   The database expands the histories and counts the entries per minute: no
   error text is read into Python (a history can hold megabytes of them).
   Counters are not used: they are running totals, not time series.
@@ -28,11 +30,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, OuterRef, Q, Subquery, Sum, Value
+from django.db.models import (
+    BigIntegerField,
+    Case,
+    Count,
+    Exists,
+    ExpressionWrapper,
+    F,
+    Func,
+    OuterRef,
+    QuerySet,
+    Subquery,
+    Sum,
+    Value,
+    When,
+)
 from django.db.models.functions import Coalesce
 
 from .. import db, storage
-from ..models import QUEUED_STATES, Job, Queue, QueueCounter
+from ..models import QUEUED_STATES, Job, Queue, QueueCounter, Stored
 from ..services._base import manager
 from ..types import STATE_NAMES, TIMING_NAMES, TOTAL_NAMES
 from . import display
@@ -48,77 +64,137 @@ DASHBOARD_QUEUES = 50
 FAILURE_SCAN_LIMIT = 20_000
 
 
-def count_annotations() -> dict:
-    """``n_<state>`` annotations for a queue queryset: its number of jobs in each reported state.
+class CappedCount(BigIntegerField):
+    """A count that stops past :data:`~.display.COUNT_CAP`: read back as :class:`~.display.AtLeast` beyond it."""
 
-    Each is a correlated subquery on the job table (its ``queue, state``
-    index), so the page's one query computes the counts of the listed queues
-    only, and the paginator's ``COUNT(*)`` over queues does not touch jobs.
-    ``scheduled`` and ``ready`` compare ``run_at`` with the database clock
-    (:class:`~django_fq.db.DbNow`), exactly as the services do.
+    def from_db_value(self, value, expression, connection):
+        if value is not None and value > display.COUNT_CAP:
+            return display.AtLeast(value)
+        return value
+
+
+def capped_count(jobs: QuerySet, *, within: QuerySet | None = None, cap: int | None = None) -> Case:
+    """The number of rows of ``jobs`` (correlated with ``OuterRef`` as the caller likes), at most ``cap + 1``.
+
+    Correlated subqueries: is there a ``cap + 1``-th row (one index range
+    read up to that entry), and only when not, ``COUNT(*)`` of the rows. So a
+    state that holds most of a million-job table costs the page ``cap``
+    index entries, not a million, on every database (``cap``: default
+    :data:`~.display.COUNT_CAP`) (no derived table, which
+    MariaDB cannot correlate). ``within``: a superset of ``jobs`` that an
+    index alone answers; when it holds at most ``cap`` rows, ``jobs`` is
+    counted at once, without first looking for its ``cap + 1``-th row (for
+    conditions the index does not hold, such as ``run_at``, which reads
+    table rows). Read back through :class:`CappedCount`.
     """
+    cap = display.COUNT_CAP if cap is None else cap
+    # COUNT(*) as a plain function, not an aggregate: no GROUP BY, so one row correlated or not.
+    rows = Func(template="COUNT(*)", output_field=BigIntegerField())
+    exact = Coalesce(
+        Subquery(jobs.order_by().annotate(n=rows).values("n"), output_field=BigIntegerField()),
+        Value(0),
+        output_field=BigIntegerField(),
+    )
+    beyond = When(Exists(jobs.order_by().values("seq")[cap : cap + 1]), then=Value(cap + 1))
+    whens = [beyond]
+    if within is not None:
+        whens.insert(0, When(~Exists(within.order_by().values("seq")[cap : cap + 1]), then=exact))
+    return Case(*whens, default=exact, output_field=CappedCount())
+
+
+def count_annotations() -> dict:
+    """``n_<state>`` annotations for a queue queryset: its number of jobs in each reported state, capped.
+
+    Each is correlated subqueries on the job table (its ``queue, state``
+    index, :func:`capped_count`), so the page's one query computes the
+    counts of the listed queues only, and the paginator's ``COUNT(*)`` over
+    queues does not touch jobs. A count past :data:`~.display.COUNT_CAP` reads
+    "more than 10,000" (:class:`~.display.AtLeast`), as the job list's own count
+    does: an exact count of a queue's succeeded jobs would read every one of
+    them on every page load. ``scheduled`` and ``ready`` compare ``run_at`` with
+    the database clock (:class:`~django_fq.db.DbNow`), exactly as the services do.
+    """
+    return _counts(Job.objects.order_by().filter(queue_id=OuterRef("pk")))
+
+
+def _counts(jobs: QuerySet) -> dict:
+    """``n_<state>``: :func:`capped_count` of ``jobs`` in each reported state (database clock for scheduled/ready)."""
     now = db.DbNow()
-    conditions = {
-        "waiting": Q(state="waiting"),
-        "scheduled": Q(state__in=QUEUED_STATES, run_at__gt=now),
-        "ready": Q(state__in=QUEUED_STATES, run_at__lte=now),
-        "running": Q(state="running"),
-        "succeeded": Q(state="succeeded"),
-        "dead": Q(state="dead"),
-        "cancelled": Q(state="cancelled"),
+    queued = jobs.filter(state__in=QUEUED_STATES)
+    split = {
+        "scheduled": queued.filter(run_at__gt=now),
+        "ready": queued.filter(run_at__lte=now),
     }
-    jobs = Job.objects.order_by()
-    return {
-        f"n_{state}": Coalesce(
-            Subquery(
-                jobs.filter(cond, queue_id=OuterRef("pk")).values("queue_id").annotate(n=Count("seq")).values("n"),
-                output_field=BigIntegerField(),
-            ),
-            Value(0),
-            output_field=BigIntegerField(),
-        )
-        for state, cond in conditions.items()
-    }
+    out = {}
+    for state in STATE_NAMES:
+        if state in split:
+            out[f"n_{state}"] = capped_count(split[state], within=queued)
+        else:
+            out[f"n_{state}"] = capped_count(jobs.filter(state=state))
+    return out
 
 
 def busiest_queue_ids(limit: int) -> list[int]:
-    """Ids of at most ``limit`` queues: those with the most unfinished jobs, then the others by name.
+    """Ids of at most ``limit`` queues: those with the most unfinished jobs, then the others, ties by name.
 
     *Unfinished* is waiting, scheduled, ready, running or dead: what an operator looks
-    at. One grouped query over those jobs, and one more over the queue table
-    when fewer than ``limit`` queues have any.
+    at. One query of a fixed size whatever the number of queues: the queue table
+    ordered by a correlated count of each queue's unfinished jobs, ``LIMIT limit``.
+    (A list of every queue's id in an ``IN`` grew with the queues, past SQLite's
+    variable limit and MariaDB's packet size at tens of thousands of them.) Each
+    count is an index range of the ``queue, state`` index (``queue_id = the
+    queue's``, the unfinished states), so only those jobs' index entries are read.
     """
-    busy = list(
+    unfinished = (
         manager(Job)
-        .filter(state__in=("waiting", "queued", "held", "running", "dead"))
+        .filter(queue_id=OuterRef("pk"), state__in=("waiting", "queued", "held", "running", "dead"))
         .order_by()
         .values("queue_id")
-        .annotate(n=Count("seq"))
-        .order_by("-n", "queue_id")
-        .values_list("queue_id", flat=True)[:limit]
+        .annotate(n=Count("*"))
+        .values("n")
     )
-    if len(busy) < limit:
-        busy += list(
-            manager(Queue).exclude(pk__in=busy).order_by("name").values_list("pk", flat=True)[: limit - len(busy)]
-        )
-    return busy
+    return list(
+        manager(Queue)
+        .annotate(unfinished=Coalesce(Subquery(unfinished, output_field=BigIntegerField()), Value(0)))
+        .order_by("-unfinished", "name")
+        .values_list("pk", flat=True)[:limit]
+    )
 
 
 def all_counts() -> dict[str, int]:
-    """Jobs of every queue in each reported state, in one aggregate query (database clock)."""
-    now = db.DbNow()
-    conditions = {
-        "scheduled": Q(state__in=QUEUED_STATES, run_at__gt=now),
-        "ready": Q(state__in=QUEUED_STATES, run_at__lte=now),
-        **{s: Q(state=s) for s in ("waiting", "running", "succeeded", "dead", "cancelled")},
-    }
-    row = manager(Job).order_by().aggregate(**{s: Count("seq", filter=cond) for s, cond in conditions.items()})
-    return {s: int(row.get(s) or 0) for s in STATE_NAMES}
+    """Jobs of every queue in each reported state, each capped like the table's (database clock).
+
+    One query of :func:`capped_count` subqueries over the ``queue, state``
+    index of every queue (``queue_id IN (…)``, the index's first column: a
+    scan of the whole table would read every job).
+    """
+    ids = list(manager(Queue).values_list("pk", flat=True))
+    if not ids:
+        return dict.fromkeys(STATE_NAMES, 0)
+    counts = _counts(manager(Job).order_by().filter(queue_id__in=ids))
+    row = manager(Queue).order_by().filter(pk=ids[0]).values(**counts)[0]
+    return {s: row[f"n_{s}"] or 0 for s in STATE_NAMES}
 
 
 def counts_of(queue: Queue) -> dict[str, int]:
-    """The ``n_<state>`` annotations of a queue row as ``{state: count}``."""
-    return {s: int(getattr(queue, f"n_{s}", 0) or 0) for s in STATE_NAMES}
+    """The ``n_<state>`` annotations of a queue row as ``{state: count}`` (:class:`~.display.AtLeast` when capped)."""
+    return {s: getattr(queue, f"n_{s}", 0) or 0 for s in STATE_NAMES}
+
+
+def totals_row(t: dict[str, int]) -> dict:
+    """The dashboard's totals cells of one queue from its :func:`counter_totals` entry ``t``.
+
+    ``enqueued``, ``acked`` and ``failed`` (nacks + expired leases + timeouts) as
+    ints; ``avg_wait`` and ``avg_run`` as short durations (an em dash when nothing
+    was measured).
+    """
+    return {
+        "enqueued": t.get("enqueued", 0),
+        "acked": t.get("acked", 0),
+        "failed": t.get("nacked", 0) + t.get("expired", 0) + t.get("timed_out", 0),
+        "avg_wait": display.average(t.get("wait_ms_sum", 0), t.get("wait_count", 0)),
+        "avg_run": display.average(t.get("run_ms_sum", 0), t.get("run_count", 0)),
+    }
 
 
 def counter_totals(queue_ids) -> dict[int, dict[str, int]]:
@@ -178,7 +254,7 @@ def activity(queue_id: int | None = None) -> Activity:
         jobs.filter(state="succeeded", finished_at__gte=start, finished_at__lt=end)
         .annotate(bucket=bucket)
         .values("bucket")
-        .annotate(n=Count("seq"))
+        .annotate(n=Count("*"))
     )
     for row in rows:
         if 0 <= row["bucket"] < BUCKETS:
@@ -204,6 +280,9 @@ def _failures(start: int, end: int, queue_id: int | None) -> tuple[list[int], bo
         end=end,
         queue_id=queue_id,
         kinds=sorted(FAILURE_KINDS),
+        # Every queue and stored state, when no queue is chosen: index ranges on last change.
+        queue_ids=None if queue_id is not None else list(manager(Queue).values_list("pk", flat=True)),
+        states=[s.value for s in Stored],
         bucket_ms=MINUTE_MS,
         scan_limit=FAILURE_SCAN_LIMIT,
     )
@@ -246,7 +325,7 @@ def chart(act: Activity, *, width: int = 760, height: int = 240) -> dict:
     for i in range(BUCKETS):
         x0 = left + i * slot + slot * 0.1
         for series, values, offset, noun in (
-            ("finished", act.finished, 0.0, "finished"),
+            ("finished", act.finished, 0.0, "jobs succeeded"),
             ("failed", act.failures, bar_w, "failed attempts"),
         ):
             v = values[i]

@@ -9,19 +9,23 @@ matched with what the API, the CLI and the logs print.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import re
 from collections.abc import Mapping
 from typing import Any, ClassVar, cast, overload
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.exceptions import DisallowedModelAdminLookup
 from django.contrib.admin.utils import NotRelationField, get_fields_from_path
 from django.core.exceptions import FieldDoesNotExist
 from django.db.models import IntegerField, Q
-from django.http import HttpResponseRedirect
+from django.http import HttpResponseBadRequest, HttpResponseRedirect
 from django.utils.html import format_html
+
+from .. import db, routing, storage
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 EMPTY = "—"
@@ -30,6 +34,26 @@ EMPTY = "—"
 #: the pretty-printed text). Payloads may be up to 32 MiB; a page that size helps
 #: nobody, so the rest is cut with a note.
 MAX_SHOWN_CHARS = 200_000
+
+
+#: Most jobs a list or a count cell counts exactly; past it, "more than" this many (the count stops there).
+COUNT_CAP = 10_000
+
+
+class AtLeast(int):
+    """A count that stopped early: the number is one more than the bound; it reads "more than <bound>".
+
+    A sum with other counts stays one (``AtLeast(10_001) + 5`` reads "more than
+    10,005"), so a total over capped counts never passes for an exact number.
+    """
+
+    def __str__(self) -> str:
+        return f"more than {int(self) - 1:,}"
+
+    def __add__(self, other):
+        return AtLeast(int(self) + int(other)) if isinstance(other, int) else NotImplemented
+
+    __radd__ = __add__
 
 
 @overload
@@ -175,6 +199,27 @@ def has_nul(value: object) -> bool:
     return isinstance(value, str) and "\x00" in value
 
 
+def _alias_shown() -> str:
+    """The alias the page being rendered shows (the innermost :func:`django_fq.routing.using`, else the first alias)."""
+    return routing.current() or routing.aliases()[0]
+
+
+class DatabaseActionForm(helpers.ActionForm):
+    """Django's action form, plus a hidden ``fq_db`` naming the database the list shows (several databases only).
+
+    A list's rows are numbered per database, so the selection it posts means
+    something on that database alone: the hidden field makes the action run
+    there (:func:`selected_alias`) even if another tab switched the session since.
+    """
+
+    fq_db = forms.CharField(label="", required=False, widget=forms.HiddenInput, initial=_alias_shown)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not routing.enabled():
+            del self.fields["fq_db"]
+
+
 class FqModelAdmin(admin.ModelAdmin):
     """The base of django-fq's model admins: which filters a URL may ask for, and a NUL-safe search.
 
@@ -192,6 +237,40 @@ class FqModelAdmin(admin.ModelAdmin):
 
     url_lookups: ClassVar[Mapping[str, frozenset[str]]] = {}
     exact_search: ClassVar[tuple[str, ...]] = ()
+    action_form = DatabaseActionForm
+
+    @property
+    def urls(self):
+        """Every view of this admin (Django's and the subclass's own) on the database alias the page shows.
+
+        With ``FQ_QUEUE_DATABASES`` a page reads one database at a time: the one
+        picked with ``?fq_db=ALIAS`` (remembered in the session), else
+        ``FQ_DATABASE`` (:func:`selected_alias`). The view runs, and its
+        response is rendered, inside :func:`django_fq.routing.using` that
+        alias, so the changelist, the detail pages, the actions and the
+        dashboard all read and write that database.
+        """
+        patterns = self.get_urls()
+        for pattern in patterns:
+            if getattr(pattern, "callback", None) is not None and not getattr(pattern.callback, "_fq_routed", False):
+                pattern.callback = _on_selected_alias(_page_reads(pattern.callback))
+        return patterns
+
+    def changelist_view(self, request, extra_context=None):
+        """Django's changelist, with the database switcher when queues are on several databases."""
+        extra_context = {**(extra_context or {}), "fq_databases": database_choices(request)}
+        return super().changelist_view(request, extra_context)
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        """Django's add/change page; with several databases its form posts to a URL naming the database shown.
+
+        So saving a queue's policy changes the queue the page showed, even after
+        another tab switched the session's database.
+        """
+        if routing.enabled() and not form_url:
+            query = request.GET.urlencode()  # without fq_db (selected_alias took it off)
+            form_url = pinned(request.path + ("?" + query if query else ""))
+        return super().changeform_view(request, object_id, form_url, extra_context)
 
     def lookup_allowed(self, lookup, value, request=None):
         if names_a_digest(lookup):
@@ -248,6 +327,126 @@ class FqModelAdmin(admin.ModelAdmin):
         for name in self.exact_search:
             match |= Q(**{name: term})
         return queryset.filter(match), False
+
+
+#: The query parameter that picks the database an admin page shows, and the session key that remembers it.
+DATABASE_PARAM = "fq_db"
+DATABASE_SESSION_KEY = "django_fq_database"
+
+
+def selected_alias(request) -> str:
+    """The database alias the admin shows ``request``: ``?fq_db=`` (then remembered), the session's, or ``FQ_DATABASE``.
+
+    Only aliases of :func:`django_fq.routing.aliases` are accepted; another
+    value is ignored, and a GET says so in a warning message naming the parameter. The parameter is taken off ``request.GET`` so the
+    changelist does not read it as a filter.
+
+    A POST may name its database in the form too (the hidden ``fq_db`` of the list's
+    action form, :class:`DatabaseActionForm`); it then runs there, whatever the session
+    says. A POST naming an alias that holds no queues, or two different ones (URL and
+    form), raises :class:`WrongDatabasePosted` (a 400 naming ``fq_db``; nothing is run).
+    """
+    names = routing.aliases()
+    session = getattr(request, "session", None)
+    asked = request.GET.get(DATABASE_PARAM)
+    posted = request.POST.get(DATABASE_PARAM) if request.method == "POST" else None
+    if request.method == "POST":
+        if posted is not None or asked is not None:
+            # A form names the database its page showed (hidden field or URL): the POST acts
+            # there or nowhere; falling back to another database would act on other rows.
+            named = {v for v in (posted, asked) if v is not None}
+            if len(named) > 1 or not named <= set(names):
+                shown = ", ".join(repr(v[:100]) for v in sorted(named))
+                raise WrongDatabasePosted(
+                    f"{DATABASE_PARAM}: the form names database {shown}, not one database of {', '.join(names)}; nothing was changed"
+                )
+        if asked is None and posted is not None:
+            return posted  # for this POST only: the session keeps the database it shows
+    if asked is not None:
+        query = request.GET.copy()
+        del query[DATABASE_PARAM]
+        request.GET = query
+        if asked in names and session is not None:
+            session[DATABASE_SESSION_KEY] = asked
+        elif asked in names:
+            return asked
+        elif request.method == "GET":
+            # Said on the page, so a mistyped or stale link does not pass for the database it named.
+            messages.warning(
+                request,
+                f"Database {asked[:100]!r} of fq_db holds no queues (known: {', '.join(names)}); this page shows another.",
+                fail_silently=True,
+            )
+    remembered = session.get(DATABASE_SESSION_KEY) if session is not None else None
+    return remembered if remembered in names else names[0]
+
+
+class WrongDatabasePosted(Exception):
+    """A POST of the admin named no single database that holds queues (``fq_db``); answered with a 400."""
+
+
+def pinned(url: str) -> str:
+    """``url`` with ``?fq_db=`` the alias this page shows, when queues are on several databases (else ``url``).
+
+    For the links and form targets that name a row by its primary key: row
+    numbers are per database, so a POST from a page of one database must not
+    run on another one the session switched to meanwhile (another tab).
+    """
+    if not routing.enabled():
+        return url
+    return f"{url}{'&' if '?' in url else '?'}{DATABASE_PARAM}={_alias_shown()}"
+
+
+def database_choices(request) -> list[dict]:
+    """``[{"alias", "url", "current"}]``: the switcher of a changelist (empty without ``FQ_QUEUE_DATABASES``)."""
+    if not routing.enabled():
+        return []
+    current = routing.current() or routing.aliases()[0]
+    return [
+        {"alias": alias, "url": f"?{DATABASE_PARAM}={alias}", "current": alias == current}
+        for alias in routing.aliases()
+    ]
+
+
+def _on_selected_alias(view):
+    @functools.wraps(view)
+    def routed(request, *args, **kwargs):
+        if not routing.enabled():
+            return view(request, *args, **kwargs)
+        try:
+            alias = selected_alias(request)
+        except WrongDatabasePosted as exc:
+            return HttpResponseBadRequest(str(exc), content_type="text/plain; charset=utf-8")
+        with routing.using(alias):
+            response = view(request, *args, **kwargs)
+            if hasattr(response, "render") and not getattr(response, "is_rendered", True):
+                response.render()  # its lazy querysets read the database now, on this alias
+            return response
+
+    routed._fq_routed = True  # type: ignore[attr-defined]
+    return routed
+
+
+def _page_reads(view):
+    """``view`` whose GET/HEAD requests run and render in the store's ``page_reads`` (POSTs as they are)."""
+
+    @functools.wraps(view)
+    def reads(request, *args, **kwargs):
+        if request.method not in ("GET", "HEAD"):
+            return view(request, *args, **kwargs)
+        conn = db.connection()
+        # This process's unwritten history first: inside the page's transaction it would wait
+        # (services.history.Tally.flush leaves an alias in a transaction for later).
+        from ..services import history
+
+        history.flush()
+        with storage.for_connection(conn).page_reads(conn):
+            response = view(request, *args, **kwargs)
+            if hasattr(response, "render") and not getattr(response, "is_rendered", True):
+                response.render()  # its lazy querysets read the database now, inside the context
+            return response
+
+    return reads
 
 
 #: ``url_lookups`` entries: exact and a list of values.

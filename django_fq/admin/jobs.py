@@ -4,7 +4,8 @@ Nothing here writes a job row itself. Retry, cancel and requeue call
 :func:`django_fq.services.retry`, :func:`~django_fq.services.cancel` and
 :func:`django_fq.services.jobs.requeue`, so the admin obeys the same rules and
 shows the same error messages as the Python API, the CLI and the REST API.
-Jobs are never added or deleted here (docs/reference/semantics.md §9: cancel, then prune).
+Jobs are never added here, and deleted only as prune deletes them: finished ones
+(docs/reference/semantics.md §9: cancel, then prune; :func:`django_fq.services.jobs.delete_finished`).
 
 Receipts are never shown: the database has only their hashes (``Lease.
 receipt_hash``, ``Job.settled_hash``) and a digest of the last settle's
@@ -17,21 +18,24 @@ import django
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
 from django.db.models import Exists, OuterRef
 from django.db.models.functions import Left
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
 from .. import conf, db, storage, validation, workflows
 from .. import services as fq
 from ..exceptions import FqError
-from ..models import QUEUED_STATES, Dependency, Job, Lease
+from ..models import QUEUED_STATES, Dependency, Job, Lease, Queue
 from ..services._base import reported_state as reported_expression
 from ..services.jobs import requeue
-from ..types import STATE_NAMES
-from . import display, workflow
+from ..types import STATE_NAMES, JobInfo
+from . import bulk, controls, display, live, workflow
+from . import search as job_search
 
 #: Most jobs one bulk action handles; the message says when more were selected.
 ACTION_LIMIT = 1000
@@ -52,7 +56,13 @@ VERBS = {
 
 
 def reported_state(qs, state: str):
-    """``qs`` restricted to jobs whose reported state is ``state`` (database clock for scheduled/ready)."""
+    """``qs`` restricted to jobs whose reported state is ``state`` (database clock for scheduled/ready).
+
+    With ``queue_id IN (every queue)``: the ``queue, state`` index's first
+    column, so a rare state is found through the index, not by reading the
+    table (PostgreSQL 15 cannot skip that column).
+    """
+    qs = qs.filter(queue_id__in=list(Queue.objects.using(conf.database()).values_list("pk", flat=True)))
     if state == "scheduled":
         return qs.filter(state__in=QUEUED_STATES, run_at__gt=db.DbNow())
     if state == "ready":
@@ -132,7 +142,7 @@ class JobAdmin(display.FqModelAdmin):
     list_select_related = ("queue",)
     search_fields = ("uid", "idempotency", "unique_key", "concurrency_key")
     exact_search = ("uid", "idempotency", "unique_key", "concurrency_key")
-    search_help_text = "Exact job id, idempotency token, unique key or concurrency key."
+    search_help_text = "Exact job id, idempotency token, unique key or concurrency key (more filters in \"Search jobs\")."
     # What a job-list URL may filter on: the list's own filters (queue, reported state) and exact ids.
     # Never payloads, results or errors (no contains/regex scans over every job), nor digests.
     url_lookups = {
@@ -150,7 +160,7 @@ class JobAdmin(display.FqModelAdmin):
     ordering = ("-seq",)
     list_per_page = 50
     show_full_result_count = False
-    actions = ("retry_selected", "requeue_selected", "cancel_selected")
+    actions = ("retry_selected", "requeue_selected", "cancel_selected", "delete_finished_jobs")
     fieldsets = (
         # The id is the page's title; it is not repeated as a field.
         (None, {"fields": ("queue", "state_badge", "priority", "attempts_of", "snoozes", "timeout", "unique_key", "idempotency", "concurrency_key")}),
@@ -178,6 +188,56 @@ class JobAdmin(display.FqModelAdmin):
 
     def get_changelist(self, request, **kwargs):
         return JobChangeList
+
+    def get_ordering(self, request):
+        """A search of one queue and one stored state lists by last change, newest first: the index's own order.
+
+        Other lists keep the newest job first (by ``seq``): the primary key's
+        backward scan stops after one page when matches are common, and the
+        planner takes ``fq_job_state_changed`` when they are rare.
+        """
+        found = search_of(request)[1]
+        if found is not None and found.index_ordered:
+            return ("-changed_at", "-seq")
+        return super().get_ordering(request)
+
+    def get_paginator(self, request, queryset, per_page, orphans=0, allow_empty_first_page=True):
+        return CappedPaginator(queryset, per_page, orphans, allow_empty_first_page)
+
+    def changelist_view(self, request, extra_context=None):
+        form, found = search_of(request)
+        extra_context = dict(extra_context or {})
+        can_repair = self.has_change_permission(request)
+        bulk_links = []
+        if can_repair and found is not None:
+            query = request.GET.urlencode()
+            info = self.opts.app_label, self.opts.model_name
+            bulk_links = [
+                {"verb": v, "label": label, "url": reverse("admin:{}_{}_bulk".format(*info), args=[v], current_app=self.admin_site.name) + "?" + query}
+                for v, (_, label, _, _) in bulk.VERBS.items()
+            ]
+        extra_context.update(
+            fq_search_form=form,
+            fq_search=found,
+            fq_search_open=form.is_active(),
+            fq_search_errors=bulk.job_errors(form) if form.is_active() and found is None else [],
+            fq_bulk_links=bulk_links,
+            fq_candidates=job_search.CANDIDATES,
+            **live.list_context(self, request),
+        )
+        return super().changelist_view(request, extra_context)
+
+    def live_view(self, request):
+        """The list's live numbers as JSON (:func:`django_fq.admin.live.job_list_data`)."""
+        return live.job_list_data(self, request)
+
+    def delete_finished_view(self, request, object_id):
+        """Confirm, then delete one succeeded or cancelled job (:func:`django_fq.admin.controls.delete_job_view`)."""
+        return controls.delete_job_view(self, request, object_id)
+
+    def bulk_view(self, request, verb):
+        """Apply ``verb`` to every job the list's search matches, in batches (:mod:`django_fq.admin.bulk`)."""
+        return bulk.bulk_view(self, request, verb)
 
     # --- permissions: read-only rows; "change" means the right to repair -----------------
 
@@ -351,14 +411,17 @@ class JobAdmin(display.FqModelAdmin):
     def get_urls(self):
         info = self.opts.app_label, self.opts.model_name
         wrap = self.admin_site.admin_view
-        # Before the verbs: "<path:object_id>/cancel/" would match ".../workflow/cancel/" too.
+        # Before the verbs: "<path:object_id>/cancel/" would match ".../workflow/cancel/" and "bulk/cancel/" too.
         return [
+            path("bulk/<str:verb>/", wrap(self.bulk_view), name="{}_{}_bulk".format(*info)),
             path(
                 "<path:object_id>/workflow/cancel/",
                 wrap(self.workflow_cancel_view),
                 name="{}_{}_workflow_cancel".format(*info),
             ),
             path("<path:object_id>/workflow/", wrap(self.workflow_view), name="{}_{}_workflow".format(*info)),
+            path("live/", wrap(self.live_view), name="{}_{}_live".format(*info)),
+            path("<path:object_id>/delete-finished/", wrap(self.delete_finished_view), name="{}_{}_delete_finished".format(*info)),
         ] + [
             path(f"<path:object_id>/{verb}/", wrap(self.repair_view), {"verb": verb}, name="{}_{}_{}".format(*info, verb))
             for verb in VERBS
@@ -377,6 +440,7 @@ class JobAdmin(display.FqModelAdmin):
             extra_context["title"] = f"Job {obj.uid}"
             extra_context["subtitle"] = None  # Django would repeat the id below the title
             extra_context["fq_repair_buttons"] = self._buttons(request, obj)
+            extra_context["fq_delete_url"] = controls.delete_url(self, request, obj)
             if obj.has_dependents or Dependency.objects.using(conf.database()).filter(job_id=obj.seq).exists():
                 extra_context["fq_workflow_url"] = self._workflow_url(obj.pk)
         return super().changeform_view(request, object_id, form_url, extra_context)
@@ -387,7 +451,7 @@ class JobAdmin(display.FqModelAdmin):
         state = getattr(obj, "reported", obj.state)
         info = self.opts.app_label, self.opts.model_name
         return [
-            {"verb": verb, "label": label, "url": reverse("admin:{}_{}_{}".format(*info, verb), args=[obj.pk], current_app=self.admin_site.name)}
+            {"verb": verb, "label": label, "url": display.pinned(reverse("admin:{}_{}_{}".format(*info, verb), args=[obj.pk], current_app=self.admin_site.name))}
             for verb, (_, label, _, states) in VERBS.items()
             if state in states
         ]
@@ -453,7 +517,7 @@ class JobAdmin(display.FqModelAdmin):
             "edge_limit": workflow.EDGE_LIMIT,
             "unfinished": unfinished,
             "can_cancel": self.has_change_permission(request, obj) and unfinished > 0,
-            "cancel_url": reverse("admin:django_fq_job_workflow_cancel", args=[obj.pk], current_app=site),
+            "cancel_url": display.pinned(reverse("admin:django_fq_job_workflow_cancel", args=[obj.pk], current_app=site)),
         }
         request.current_app = site
         return TemplateResponse(request, "admin/django_fq/job/workflow.html", context)
@@ -510,30 +574,44 @@ class JobAdmin(display.FqModelAdmin):
 
     @admin.action(description="Retry selected dead jobs", permissions=["change"])
     def retry_selected(self, request, queryset):
-        self._apply(request, queryset, "retry")
+        return self._apply(request, queryset, "retry")
 
     @admin.action(description="Requeue selected scheduled jobs now", permissions=["change"])
     def requeue_selected(self, request, queryset):
-        self._apply(request, queryset, "requeue")
+        return self._apply(request, queryset, "requeue")
 
     @admin.action(description="Cancel selected jobs", permissions=["change"])
     def cancel_selected(self, request, queryset):
-        self._apply(request, queryset, "cancel")
+        return self._apply(request, queryset, "cancel")
 
-    def _apply(self, request, queryset, verb: str) -> None:
-        """Call the service verb for each selected job (one transaction each); report per job."""
-        fn, _, past, _ = VERBS[verb]
+    @admin.action(description="Delete selected finished jobs", permissions=["change"])
+    def delete_finished_jobs(self, request, queryset):
+        return self._apply(request, queryset, "delete")
+
+    def _apply(self, request, queryset, verb: str):
+        """Call the service verb for each selected job (one transaction each); report per job.
+
+        "Select all" of the list's matches (Django's ``select_across``) goes to the
+        bulk page instead, which handles every match in batches (:mod:`django_fq.admin.bulk`).
+        """
+        if request.POST.get("select_across") == "1":
+            names = self.opts.app_label, self.opts.model_name
+            url = reverse("admin:{}_{}_bulk".format(*names), args=[verb], current_app=self.admin_site.name)
+            return HttpResponseRedirect(display.pinned(url + "?" + request.GET.urlencode()))  # the database the list showed
+        fn = VERBS[verb][0] if verb in VERBS else bulk.VERBS[verb][0]  # delete: only in bulk.VERBS
+        past = bulk.VERBS[verb][2]
         rows = list(queryset.order_by("seq").values_list("seq", "uid", "queue__name")[: ACTION_LIMIT + 1])
         more = len(rows) > ACTION_LIMIT
         done, failed = 0, []
         for seq, uid, queue in rows[:ACTION_LIMIT]:
             try:
-                info = fn(queue, uid)
+                info: JobInfo | None = fn(queue, uid)
             except FqError as exc:
                 failed.append((uid, exc.message))
             else:
                 done += 1
-                self.log_change(request, Job(seq=seq, uid=uid), f"{past.capitalize()} through the admin; now {info.state}.")
+                now = f"now {info.state}" if info is not None else "it is gone"
+                self.log_change(request, Job(seq=seq, uid=uid), f"{past.capitalize()} through the admin; {now}.")
         if done:
             self.message_user(request, f"{done} job{'s' if done != 1 else ''} {past}.", messages.SUCCESS)
         for uid, message in failed[:NAMED_FAILURES]:
@@ -564,9 +642,10 @@ def _history_table(entries: list[dict]):
             for e in entries
         ),
     )
+    # In a box that scrolls sideways: a wide table never widens the page on a phone (admin.css).
     return format_html(
-        '<table class="fq-history"><thead><tr><th>at (UTC)</th><th>attempt</th><th>kind</th>'
-        "<th>worker</th><th>error</th></tr></thead><tbody>{}</tbody></table>",
+        '<div class="fq-scroll-x"><table class="fq-history"><thead><tr><th>at (UTC)</th><th>attempt</th>'
+        "<th>kind</th><th>worker</th><th>error</th></tr></thead><tbody>{}</tbody></table></div>",
         rows,
     )
 
@@ -625,11 +704,65 @@ def _edge_links(model, where: dict, other: str, site: str):
     return format_html('<ul class="fq-edges">{}</ul>{}', items, more)
 
 
+# The job list's count stops past COUNT_CAP, as the dashboard's do (display.AtLeast).
+COUNT_CAP = display.COUNT_CAP
+AtLeast = display.AtLeast
+
+
+class CappedPaginator(Paginator):
+    """The job list's paginator: counts at most :data:`COUNT_CAP` + 1 matches.
+
+    An exact count of a common queue or state reads most of the table on
+    every page load; a count over the list's own ordered query with a LIMIT
+    stops after that many index entries.
+    """
+
+    @cached_property
+    def count(self) -> int:
+        # Neither the list's order nor its per-row columns (reported state, error start, has_upstream)
+        # change how many rows there are: without them the planner takes the filters' index, and
+        # no subquery runs for each of the 10,001 rows.
+        rows = self.object_list.order_by().values("pk")  # type: ignore[attr-defined]  # a QuerySet (jobs or history)
+        n = rows[: COUNT_CAP + 1].count()
+        return AtLeast(n) if n > COUNT_CAP else n
+
+
+def search_of(request) -> tuple[job_search.SearchForm, job_search.Search | None]:
+    """The job list's search form for ``request`` and its :class:`~.search.Search` (valid and filled in), once per request.
+
+    The search's boundary (:meth:`~.search.Search.find_boundary`) is found
+    here, unless a bulk action froze it (``request._fq_frozen``).
+    """
+    cached = getattr(request, "_fq_search_pair", None)
+    if cached is None:
+        form, found = job_search.parse(request.GET)
+        if found is not None:
+            if getattr(request, "_fq_frozen", False):
+                found.boundary = request._fq_boundary
+            else:
+                found.find_boundary()
+        cached = (form, found)
+        request._fq_search_pair = cached
+    return cached
+
+
 class JobChangeList(ChangeList):
-    """The job list never loads payloads, results, histories or settle hashes."""
+    """The job list never loads payloads, results, histories or settle hashes; it applies the search form."""
+
+    def get_filters_params(self, params=None):
+        # The search form's parameters are not field lookups: the form reads them (search_of).
+        lookup = super().get_filters_params(params)
+        for key in [k for k in lookup if k.startswith(f"{job_search.PREFIX}-")]:
+            del lookup[key]
+        return lookup
 
     def get_queryset(self, request, *args, **kwargs):
         qs = super().get_queryset(request, *args, **kwargs)
+        form, found = search_of(request)
+        if found is not None:
+            qs = found.apply(qs)
+        elif form.is_active():
+            qs = qs.none()  # the errors are shown above the list
         # has_upstream: by the (job, upstream) unique index, for the page's rows only.
         upstream = Dependency.objects.filter(job_id=OuterRef("seq"))
         return qs.defer(*LIST_DEFERRED).annotate(error_start=Left("last_error", 200), has_upstream=Exists(upstream))

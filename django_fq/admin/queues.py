@@ -5,6 +5,8 @@ Also serves the dashboard page (``admin:django_fq_dashboard``).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import django
 from django import forms
 from django.contrib import admin, messages
@@ -17,13 +19,13 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from .. import conf
+from .. import conf, routing
 from .. import services as fq
 from ..exceptions import FqError
 from ..models import IdempotencyToken, Lease, Queue
 from ..services.queues import POLICY_BOUNDS
-from ..types import STATE_NAMES, TOTAL_NAMES, QueuePolicy
-from . import dashboard, display
+from ..types import STATE_NAMES, TIMING_NAMES, TOTAL_NAMES, QueuePolicy
+from . import controls, dashboard, display, history, live
 from .jobs import ACTION_LIMIT, NAMED_FAILURES
 
 #: The policy fields, in the order of docs/reference/semantics.md §2.
@@ -89,6 +91,16 @@ class QueuePolicyForm(forms.ModelForm):
         name = self.queue_name()
         if self.errors or not name:
             return data
+        if self.instance._state.adding and routing.enabled() and routing.alias_for(name) != conf.database():
+            # The page shows one database; a queue made here that the mapping sends elsewhere
+            # would be left behind, served by no worker and seen by no verb.
+            home = routing.alias_for(name)
+            self.add_error(
+                "name",
+                f"queue {name} is on database {home!r} (FQ_QUEUE_DATABASES), but this page shows "
+                f"{conf.database()!r}: add it from the queue list of database {home} (?fq_db={home})",
+            )
+            return data
         try:
             with transaction.atomic(using=conf.database()):
                 fq.configure(name, **self.policy_changes())
@@ -111,6 +123,7 @@ class QueueChangeList(ChangeList):
         totals = dashboard.counter_totals(q.pk for q in self.result_list)
         for q in self.result_list:
             q.fq_totals = totals.get(q.pk) or dict.fromkeys(TOTAL_NAMES, 0)
+        controls.attach(self.model_admin, request, self.result_list)
 
 
 #: States whose non-zero counts stand out (the admin's error colours, see django_fq/admin.css).
@@ -232,6 +245,15 @@ class QueueAdmin(display.FqModelAdmin):
 
     # --- list columns -------------------------------------------------------------------
 
+    def get_list_display(self, request):
+        """The columns, and the controls in place (pause/resume, limits) for a user who may change queues."""
+        shown = super().get_list_display(request)
+        return (*shown, "queue_controls") if self.has_change_permission(request) else shown
+
+    @admin.display(description="controls")
+    def queue_controls(self, obj):
+        return controls.column(obj)
+
     @admin.display(description="paused", ordering="paused")
     def paused_column(self, obj):
         if not obj.paused:
@@ -283,7 +305,12 @@ class QueueAdmin(display.FqModelAdmin):
 
     def _stats(self, obj):
         if not hasattr(obj, "_fq_stats"):
-            obj._fq_stats = fq.stats(obj.name)
+            # The page's own capped counts (get_queryset's count_annotations) and the counter sums:
+            # fq.stats would count every succeeded job of a big queue on each view of the page.
+            totals = dashboard.counter_totals([obj.pk])[obj.pk]
+            obj._fq_stats = SimpleNamespace(
+                counts=dashboard.counts_of(obj), totals=totals, **{n: totals[n] for n in TIMING_NAMES}
+            )
         return obj._fq_stats
 
     @admin.display(description="created at")
@@ -295,7 +322,7 @@ class QueueAdmin(display.FqModelAdmin):
         if not obj.paused:
             return "running: claims take jobs"
         return format_html(
-            '<span class="fq-paused">paused</span> since {}: claims hand out no job (use the "Resume selected queues" action)',
+            '<span class="fq-paused">paused</span> since {}: claims hand out no job (use "Resume queue" above, or the "Resume selected queues" action of the list)',
             display.instant_html(obj.paused_at),
         )
 
@@ -386,6 +413,8 @@ class QueueAdmin(display.FqModelAdmin):
             "fq_jobs": sum(counts.values()),
             "fq_leases": Lease.objects.using(db_alias).filter(queue_id=obj.pk).count(),
             "fq_tokens": IdempotencyToken.objects.using(db_alias).filter(queue_id=obj.pk).count(),
+            # Posted to a URL naming the database shown: the queue deleted is the one this page counted.
+            "fq_form_url": display.pinned(request.path),
             **(extra_context or {}),
         }
         request.current_app = self.admin_site.name
@@ -393,11 +422,35 @@ class QueueAdmin(display.FqModelAdmin):
 
     # --- dashboard ----------------------------------------------------------------------
 
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        return super().change_view(request, object_id, form_url, controls.change_context(self, request, object_id, extra_context))
+
+    def dashboard_live_view(self, request):
+        """The dashboard's numbers as JSON, for its live updates (:func:`django_fq.admin.live.dashboard_data`)."""
+        return live.dashboard_data(self, request)
+
+    def pause_control_view(self, request, object_id):
+        """POST: pause or resume one queue from its row or page (:func:`django_fq.admin.controls.pause_view`)."""
+        return controls.pause_view(self, request, object_id)
+
+    def limits_control_view(self, request, object_id):
+        """POST: change one queue's limits from its row (:func:`django_fq.admin.controls.limits_view`)."""
+        return controls.limits_view(self, request, object_id)
+
     def get_urls(self):
+        wrap = self.admin_site.admin_view
         return [
+            path("dashboard/live/", wrap(self.dashboard_live_view), name="django_fq_dashboard_live"),
+            path("<path:object_id>/pause-control/", wrap(self.pause_control_view), name="django_fq_queue_pause"),
+            path("<path:object_id>/limits-control/", wrap(self.limits_control_view), name="django_fq_queue_limits"),
             path("dashboard/", self.admin_site.admin_view(self.dashboard_view), name="django_fq_dashboard"),
+            path("history.json", self.admin_site.admin_view(self.history_json_view), name="django_fq_history"),
             *super().get_urls(),
         ]
+
+    def history_json_view(self, request):
+        """The history series as JSON (django_fq.admin.history.json_view; view permission)."""
+        return history.json_view(self, request)
 
     def dashboard_view(self, request):
         """Counts of the busiest queues and the last hour's activity as an inline SVG chart (no JavaScript).
@@ -432,11 +485,7 @@ class QueueAdmin(display.FqModelAdmin):
                     "paused_at": display.instant(q.paused_at) if q.paused else "",
                     "url": reverse("admin:django_fq_queue_change", args=[q.pk], current_app=self.admin_site.name),
                     "cells": [(s, counts[s], _job_list_url(q.pk, s)) for s in STATE_NAMES],
-                    "enqueued": t.get("enqueued", 0),
-                    "acked": t.get("acked", 0),
-                    "failed": t.get("nacked", 0) + t.get("expired", 0) + t.get("timed_out", 0),
-                    "avg_wait": display.average(t.get("wait_ms_sum", 0), t.get("wait_count", 0)),
-                    "avg_run": display.average(t.get("run_ms_sum", 0), t.get("run_count", 0)),
+                    **dashboard.totals_row(t),
                 }
             )
         all_counts = dashboard.all_counts()
@@ -455,6 +504,7 @@ class QueueAdmin(display.FqModelAdmin):
             "unknown_queue": bool(name) and selected is None,
             "chart": dashboard.chart(act),
             "now": display.instant(act.now),
+            **live.dashboard_live_context(self),
             # Django 6.1's admin styles an ``ol.breadcrumbs`` of ``li`` items; 5.2 to 6.0 a ``div``.
             "fq_breadcrumbs_list": django.VERSION >= (6, 1),
         }

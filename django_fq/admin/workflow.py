@@ -2,9 +2,9 @@
 
 The page (``admin:django_fq_job_workflow``, linked from a job's page and the
 job list) reads the workflow with
-:func:`django_fq.services.dependencies.component` (by index, level by level,
-at most :data:`DRAW_LIMIT` jobs), then one query per 500 jobs for their
-details and one per 500 jobs for the edges' policies. The graph is laid out
+:func:`django_fq.services.dependencies.component` (one recursive query,
+whatever the depth, at most :data:`DRAW_LIMIT` jobs), then one query per 500
+jobs for their details and one per 500 jobs for the edges' policies. The graph is laid out
 here, on the server (:func:`layout`), and drawn by a template as inline SVG:
 no JavaScript.
 
@@ -168,8 +168,7 @@ def _leading_step(head: str) -> str | None:
 def read(job_id: str, *, limit: int = DRAW_LIMIT) -> Graph:
     """The workflow of job ``job_id`` (its uid): at most ``limit`` jobs and :data:`EDGE_LIMIT` edges.
 
-    Queries: those of ``component`` (one per level per 500 jobs, and one per
-    500 jobs), then one per 500 jobs for the details and at most one per 500
+    Queries: those of ``component`` (two, and one per 500 jobs), then one per 500 jobs for the details and at most one per 500
     jobs for the edges. Jobs whose queue row is gone are left out.
     """
     found, _, truncated = dependencies.component(job_id, limit=limit)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 
-from .. import db, services, storage, validation, wakeup
+from .. import db, routing, services, storage, validation, wakeup
 from ..exceptions import WaitTimeout
 from ..types import ClaimedJobs, JobInfo
 from . import conf
@@ -54,6 +54,7 @@ def release_connection() -> bool:
     return storage.for_connection(conn).release_connection(conn)
 
 
+@routing.by_queue
 def claim(queue: str, *, count: int, visibility_ms: int | None, wait_ms: int, worker: str) -> ClaimedJobs:
     """:func:`django_fq.services.claim` with a long poll that holds no connection while it waits.
 
@@ -85,6 +86,7 @@ def claim(queue: str, *, count: int, visibility_ms: int | None, wait_ms: int, wo
         listener.wait(mark, {queue}, min(pause, remaining))
 
 
+@routing.by_queue
 def wait(queue: str, job_id: str, *, timeout_ms: int) -> JobInfo:
     """:func:`django_fq.services.wait` for HTTP: at most 20 s, no connection held between looks.
 

@@ -475,6 +475,36 @@ TotalsSerializer = type(
 )
 
 
+class HistoryTimingSerializer(serializers.Serializer):
+    count = serializers.IntegerField(help_text="attempts measured")
+    median = serializers.FloatField(allow_null=True, help_text="ms, within 9.05 % (histogram bins); null: none")
+    p95 = serializers.FloatField(allow_null=True, help_text="ms, within 9.05 %; null: none")
+
+
+class HistoryTotalsSerializer(serializers.Serializer):
+    enqueued = serializers.IntegerField(help_text="jobs created")
+    succeeded = serializers.IntegerField(help_text="attempts acked")
+    failed = serializers.IntegerField(help_text="failed attempts (nack, lease expiry, timeout) whose job is retried")
+    dead = serializers.IntegerField(help_text="failed attempts whose job became dead")
+    wait_ms = HistoryTimingSerializer(help_text="claim − the later of enqueue and run_at, of the attempts claimed")
+    run_ms = HistoryTimingSerializer(help_text="ack − claim, of the attempts acked")
+
+
+class HistoryBucketSerializer(HistoryTotalsSerializer):
+    start = serializers.IntegerField(help_text="epoch ms (database clock)")
+
+
+class HistorySerializer(serializers.Serializer):
+    queue = serializers.CharField(allow_null=True)
+    span = serializers.ChoiceField(choices=["hour", "day", "week"])
+    step_ms = serializers.IntegerField(help_text="bucket length: 60000 (hour), 900000 (day), 3600000 (week)")
+    start = serializers.IntegerField()
+    end = serializers.IntegerField()
+    now = serializers.IntegerField()
+    buckets = HistoryBucketSerializer(many=True)
+    totals = HistoryTotalsSerializer()
+
+
 class StatsSerializer(serializers.Serializer):
     queue = serializers.CharField()
     counts = CountsSerializer()
@@ -486,3 +516,24 @@ class StatsSerializer(serializers.Serializer):
     paused = _paused()
     paused_at = _paused_at()
 
+
+
+class WorkerSerializer(serializers.Serializer):
+    """A worker process of the registry (``GET workers/``; docs/admin.md "Workers")."""
+
+    worker_id = serializers.CharField(help_text="the id on its leases (hostname:pid:random unless --worker-id)")
+    host = serializers.CharField()
+    pid = serializers.IntegerField()
+    queues = serializers.ListField(child=serializers.CharField(), help_text="the queues it serves on this database")
+    concurrency = serializers.IntegerField()
+    running = serializers.IntegerField(help_text="jobs running at its last heartbeat")
+    pool = serializers.CharField(help_text="threads, asyncio, threads+asyncio or processes")
+    version = serializers.CharField(help_text="its django-fq version")
+    started_at = _epoch_ms()
+    heartbeat_at = _epoch_ms()
+    heartbeat_ms = serializers.IntegerField(help_text="its heartbeat interval, ms")
+    age_ms = serializers.IntegerField(help_text="how old its last heartbeat is, ms (database clock)")
+    state = serializers.ChoiceField(
+        choices=["live", "gone"], help_text="gone: no heartbeat for 3 intervals (the process died or lost the database)"
+    )
+    database = serializers.CharField(help_text="the database alias of the row (FQ_QUEUE_DATABASES)")

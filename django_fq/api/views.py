@@ -46,7 +46,7 @@ from ..exceptions import (
     InvalidTime,
     QueueNotFound,
 )
-from ..services import dependencies, upstream
+from ..services import dependencies, history, upstream
 from ..services.enqueue import ENVELOPE_KEYS
 from ..services.jobs import job_not_found
 from ..types import STATE_NAMES, QueuePolicy
@@ -524,6 +524,27 @@ class StatsView(FqAPIView):
     )
     def get(self, request, queue):
         return Response(asdict(services.stats(queue)))
+
+
+class HistoryView(FqAPIView):
+    """A queue's per-minute history over the last hour, day or week (``manage``; docs/reference/history.md)."""
+
+    capabilities = {"GET": (MANAGE,)}
+
+    @_doc(
+        operation_id="queue_history",
+        summary="Throughput and wait/run time (median, p95) of a queue per bucket over the last hour, day or week",
+        parameters=[
+            _QUEUE_PARAM,
+            OpenApiParameter(
+                "span", str, enum=["hour", "day", "week"], description="hour (60 × 1 min, default), day (96 × 15 min), week (168 × 1 h)"
+            ),
+        ],
+        responses={200: s.HistorySerializer, **_errors(*_COMMON, 404)},
+        tags=["queues"],
+    )
+    def get(self, request, queue):
+        return Response(history.history_series(queue, request.query_params.get("span", "hour")))
 
 
 # --- jobs --------------------------------------------------------------------------------------------
@@ -1220,3 +1241,35 @@ class BatchCancelView(FqAPIView):
     def post(self, request, queue, batch_id):
         _body(request, set())
         return Response(batches.cancel(_batch_id(batch_id), queue=queue).as_dict())
+
+
+# --- workers ------------------------------------------------------------------------------------
+
+
+class WorkersView(FqAPIView):
+    """The worker processes of the registry, live and gone (``manage``, as the queue list)."""
+
+    capabilities = {"GET": (MANAGE,)}
+    #: The query parameters this endpoint reads; any other is refused by name.
+    params = ("state", "queue")
+
+    @_doc(
+        operation_id="workers_list",
+        summary="The worker processes: host, pid, queues, concurrency, jobs running, heartbeat, version; gone ones marked",
+        parameters=[
+            OpenApiParameter("state", str, enum=["live", "gone"], description="only workers in this state"),
+            OpenApiParameter("queue", str, description="only workers serving this queue"),
+        ],
+        responses={200: s.WorkerSerializer(many=True), **_errors(400, 401, 403, 503)},
+        tags=["workers"],
+    )
+    def get(self, request):
+        params = request.query_params
+        unknown = sorted(set(params) - {*self.params, "format"})  # format: DRF's own (?format=json)
+        if unknown:
+            raise InvalidArgument(
+                f"unknown query parameter {unknown[0][:50]!r}: use {' or '.join(self.params)}", field=unknown[0][:50]
+            )
+        state, queue = params.get("state"), params.get("queue")
+        rows = services.workers(state=state or None, queue=queue or None)
+        return Response([asdict(w) for w in rows])

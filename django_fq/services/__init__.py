@@ -21,6 +21,7 @@ from .leases import ack, ack_many, claim, extend, nack, release, report_progress
 from .maintenance import fold_counters, prune, reap
 from .queues import configure, delete_queue, pause, policy, queues, resume
 from .upstream import results
+from .workers import prune_workers, workers
 
 __all__ = [
     "ack",
@@ -39,6 +40,7 @@ __all__ = [
     "pause",
     "policy",
     "prune",
+    "prune_workers",
     "queues",
     "reap",
     "release",
@@ -49,4 +51,5 @@ __all__ = [
     "retry",
     "stats",
     "wait",
+    "workers",
 ]

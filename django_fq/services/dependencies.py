@@ -380,42 +380,27 @@ def edges_of(seq: int, *, dependents: bool = True) -> dict:
 
 
 def component(job_id: str, *, limit: int) -> tuple[dict[int, dict], list[tuple[int, int]], bool]:
-    """The jobs connected to job ``job_id`` by dependencies, each way, read level by level by index.
+    """The jobs connected to job ``job_id`` by dependencies, each way, at most ``limit`` of them.
 
     Returns ``(nodes, edges, truncated)``: ``nodes`` maps seq to ``{"uid",
-    "queue", "state"}`` (reported state) for at most ``limit`` jobs; ``edges``
-    are ``(job seq, upstream seq)``; ``truncated`` when more jobs are connected.
+    "queue", "state"}`` (reported state) for at most ``limit`` jobs, the
+    nearest first; ``edges`` are ``(job seq, upstream seq)`` between two of
+    them; ``truncated`` when more jobs are connected. Queries, whatever the
+    depth: one for the job, one recursive statement for the walk and its
+    edges (:meth:`Store.component <django_fq.storage.dependencies.DependencySql.component>`),
+    one per 500 jobs for their details.
     """
-    from django.db.models import Q
-
-    from ..models import Dependency, Job
+    from ..models import Job
     from ._base import manager
 
     reported = reported_state()
     start = manager(Job).filter(uid=job_id).values_list("seq", flat=True).first()
     if start is None:
         return {}, [], False
-    seen = {start}
-    frontier = [start]
-    edges: set[tuple[int, int]] = set()
-    truncated = False
-    while frontier and not truncated:
-        found: list[int] = []
-        for part in range(0, len(frontier), 500):
-            chunk = frontier[part : part + 500]
-            rows = manager(Dependency).filter(Q(job_id__in=chunk) | Q(upstream_id__in=chunk)).values_list(
-                "job_id", "upstream_id"
-            )
-            for job, up in rows:
-                edges.add((job, up))
-                for seq in (job, up):
-                    if seq not in seen:
-                        if len(seen) >= limit:
-                            truncated = True
-                            continue
-                        seen.add(seq)
-                        found.append(seq)
-        frontier = found
+    conn = db.connection()
+    seqs, edges = storage.for_connection(conn).component(conn, int(start), limit=limit + 1)
+    truncated = len(seqs) > limit
+    seen = set(seqs[:limit])
     nodes: dict[int, dict] = {}
     ordered = sorted(seen)
     for part in range(0, len(ordered), 500):

@@ -16,10 +16,10 @@ from typing import NamedTuple, cast
 
 from django.db import IntegrityError
 
-from .. import batches, conf, db, middleware, payloads, storage, validation
+from .. import batches, conf, db, middleware, payloads, routing, storage, validation
 from ..exceptions import EnqueueRefused, InvalidArgument, InvalidTime
 from ..types import EnqueueResult
-from . import dependencies
+from . import dependencies, history
 from . import keys as slots
 from ._base import (
     add_counters,
@@ -86,6 +86,7 @@ _NO_OPTIONS = (0, None, None, None, None, None, None, None, None, None, None, No
 _new_item = tuple.__new__
 
 
+@routing.by_queue
 def enqueue(
     queue: str,
     payload,
@@ -187,6 +188,7 @@ def enqueue(
     return results[0]
 
 
+@routing.by_queue
 def enqueue_many(queue: str, items: Iterable[Mapping], *, create_queue: bool = True) -> list[EnqueueResult]:
     """Add many jobs in one transaction, all or nothing.
 
@@ -222,8 +224,10 @@ def _write(queue: str, items: list[_Item], *, batch: bool, create: bool = True) 
     """Write a batch; if the queue was deleted under it (a foreign-key error at commit), write it again.
 
     The second attempt re-creates the queue, as any enqueue into a missing queue does.
-    Inside the caller's transaction the error is theirs to handle.
+    Inside the caller's transaction the error is theirs to handle. A transaction open on
+    another database alias that holds queues is refused (:func:`django_fq.routing.check_transaction`).
     """
+    routing.check_transaction(queue)
     conn = db.connection()
     owned = not conn.in_atomic_block
     store = storage.for_connection(conn)
@@ -272,9 +276,12 @@ def _insert_plain(conn, queue: str, items: list[_Item]) -> tuple[list[EnqueueRes
     fit under ``FQ_MAX_JOBS_PER_QUEUE`` (the general path then raises
     :class:`QueueFull` with the numbers).
     """
-    return storage.for_connection(conn).enqueue_plain(
+    done, found = storage.for_connection(conn).enqueue_plain(
         conn, queue, items, now=db.now_sql(conn), max_jobs=max_jobs_per_queue(), channel=db.NOTIFY_CHANNEL
     )
+    if done:
+        history.note(conn, queue, done[0].enqueued_at, enqueued=len(done))
+    return done, found
 
 
 def _through(chain, queue: str, index: int, raw):
@@ -490,6 +497,7 @@ def _write_batch(
     n_created = sum(1 for r in results if r.created)
     add_counters(conn, q.id, enqueued=n_created, deduplicated=len(items) - n_created, active=n_created)
     if n_created:
+        history.note(conn, q.id, max(created.values()), enqueued=n_created)
         db.notify(conn, queue)
     return results
 

@@ -11,7 +11,7 @@ import time
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 
-from .. import batches, db, payloads, storage, validation
+from .. import batches, db, payloads, routing, storage, validation
 from ..exceptions import InvalidArgument, InvalidCursor, InvalidState, JobNotFound, WaitTimeout
 from ..models import ACTIVE, QUEUED_STATES, Job, Lease
 from ..types import STATE_NAMES, TIMING_NAMES, TOTAL_NAMES, JobInfo, JobPage, JobState, QueueStats
@@ -86,6 +86,7 @@ def _job_rows(queue_id: int):
     )
 
 
+@routing.by_queue
 def get(queue: str, job_id: str) -> JobInfo:
     """A job's metadata, payload, result and error history — never its receipt.
 
@@ -124,6 +125,7 @@ _NEWEST_FIRST = (("changed_at", True), ("seq", True))
 FIRST_PAGE = "0"
 
 
+@routing.by_queue
 def jobs(
     queue: str,
     *,
@@ -203,6 +205,7 @@ def _decode_cursor(cursor: object, state, width: int) -> list:
         raise InvalidCursor(field="cursor") from None
 
 
+@routing.by_queue
 def stats(queue: str) -> QueueStats:
     """Counts per state, totals and observed wait/run times (sums and counts, ms) of ``queue``.
 
@@ -221,12 +224,19 @@ def stats(queue: str) -> QueueStats:
     )
 
 
+@routing.by_queue
 def retry(queue: str, job_id: str) -> JobInfo:
     """Make a dead job ready again now with attempts and snoozes reset to 0 (its old receipts stay invalid).
 
     Raises :class:`JobNotFound`, :class:`InvalidState` (not dead, or its
     unique_key is now held by another active job, named in the error).
     """
+    retry_job(queue, job_id)
+    return get(queue, job_id)
+
+
+def retry_job(queue: str, job_id: str) -> None:
+    """:func:`retry` without reading the job back (for callers that repair many jobs: the admin's bulk actions)."""
     get_queue(queue)  # QueueNotFound before any transaction
 
     def apply():
@@ -269,9 +279,9 @@ def retry(queue: str, job_id: str) -> JobInfo:
         db.notify(conn, queue)
 
     db.retrying(apply)
-    return get(queue, job_id)
 
 
+@routing.by_queue
 def requeue(queue: str, job_id: str) -> JobInfo:
     """Make a scheduled job (delayed, or waiting out a retry backoff) ready now.
 
@@ -279,6 +289,12 @@ def requeue(queue: str, job_id: str) -> JobInfo:
     :class:`JobNotFound`, :class:`InvalidState` (running or finished: use
     :func:`retry` for a dead job).
     """
+    requeue_job(queue, job_id)
+    return get(queue, job_id)
+
+
+def requeue_job(queue: str, job_id: str) -> None:
+    """:func:`requeue` without reading the job back (for callers that repair many jobs)."""
     q = get_queue(queue)
 
     def apply():
@@ -294,9 +310,9 @@ def requeue(queue: str, job_id: str) -> JobInfo:
             db.notify(conn, queue)
 
     db.retrying(apply)
-    return get(queue, job_id)
 
 
+@routing.by_queue
 def cancel(queue: str, job_id: str) -> JobInfo:
     """Take a waiting, scheduled, ready, running or dead job out of the work: state ``cancelled``.
 
@@ -306,6 +322,12 @@ def cancel(queue: str, job_id: str) -> JobInfo:
     cancelled too, or released, as their edges' ``on_failure`` says
     (docs/reference/semantics.md §9 "Dependencies").
     """
+    cancel_job(queue, job_id)
+    return get(queue, job_id)
+
+
+def cancel_job(queue: str, job_id: str) -> None:
+    """:func:`cancel` without reading the job back (for callers that repair many jobs)."""
     q = get_queue(queue)
 
     def apply():
@@ -342,7 +364,40 @@ def cancel(queue: str, job_id: str) -> JobInfo:
         dependencies.finished(conn, [job.seq], "cancelled")  # its dependents, by their edges' policies
 
     db.retrying(apply)
-    return get(queue, job_id)
+
+
+#: Stored states a job may be deleted in: those prune deletes (docs/reference/semantics.md §9: cancel, then prune).
+DELETABLE = ("succeeded", "cancelled")
+
+
+def delete_finished(queue: str, job_id: str) -> None:
+    """Delete a succeeded or cancelled job now, as prune would once its retention has passed.
+
+    Its offloaded body, edges and batch membership go with it; counters are
+    unchanged (a finished job counts in none). Raises :class:`JobNotFound`,
+    :class:`InvalidState` (the job is not finished: cancel it first; or an
+    unfinished job or an open batch still waits on it).
+    """
+    q = get_queue(queue)
+
+    def apply():
+        conn = db.connection()
+        job = _lock_job(q.id, queue, job_id)
+        if job.state not in DELETABLE:
+            state = _job_rows(q.id).filter(seq=job.seq).values_list("reported", flat=True).get()
+            raise InvalidState(
+                f"only succeeded or cancelled jobs can be deleted (cancel it first); this job is {state}",
+                field="job_id",
+                state=state,
+            )
+        if not storage.for_connection(conn).delete_finished_jobs(conn, q.id, [job.seq]):
+            raise InvalidState(
+                "an unfinished job or an open batch still waits on this job; it is deleted once they are done",
+                field="job_id",
+                state=job.state,
+            )
+
+    db.retrying(apply)
 
 
 def job_not_found(queue: str, job_id: object) -> JobNotFound:
@@ -385,6 +440,7 @@ def _lock_lease_of(queue_id: int, job_id: object) -> Lease | None:
     return qs.first()
 
 
+@routing.by_queue
 def wait(queue: str, job_id: str, *, timeout_ms: int) -> JobInfo:
     """Block until the job succeeded, died or was cancelled; return it (with result and errors).
 

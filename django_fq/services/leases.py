@@ -22,7 +22,7 @@ from typing import Any
 
 from django.db import DatabaseError
 
-from .. import db, payloads, receipts, storage, validation, wakeup
+from .. import db, payloads, receipts, routing, storage, validation, wakeup
 from ..conf import CLAIM_PAYLOAD_CAP_BYTES
 from ..exceptions import FqError, InvalidReceipt, QueueNotFound, ReceiptCancelled, SnoozeLimit
 from ..models import Job, Queue
@@ -45,6 +45,7 @@ from ._base import (
     manager,
     policy_of,
 )
+from .history import note as tally_history
 
 #: Longest pause of a long-poll claim (``wait_ms``) between attempts, in seconds.
 LONG_POLL_INTERVAL_S = 0.1
@@ -70,6 +71,7 @@ _ACK_ROW_BYTES = 512
 # --- claim ---------------------------------------------------------------------------
 
 
+@routing.by_queue
 def claim(
     queue: str,
     *,
@@ -145,6 +147,10 @@ class _Undeliverable:
         self.reason = reason
 
 
+#: Brackets a payload text may hold and still be decoded without :func:`validation.nests_deeper`.
+_DEPTH = validation.MAX_JSON_DEPTH
+
+
 def _claimed_payload(text) -> Any:
     """The payload of a claimed row, or :class:`_Undeliverable` when no face could read it back.
 
@@ -153,6 +159,12 @@ def _claimed_payload(text) -> Any:
     ``text`` is the body already when the payload was offloaded (:func:`_fill_bodies`);
     the marker still there means the body was not found.
     """
+    if text.__class__ is str and text != payloads.OFFLOADED and text.count("[") + text.count("{") <= _DEPTH:
+        # The common row, as the steps below judge it: not the marker, too few brackets to nest too deep.
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            return _Undeliverable(f"payload is not valid JSON: {exc}")
     if payloads.is_offloaded(text):
         return _Undeliverable("payload body is missing from django_fq_payload")
     if isinstance(text, (str, bytes)) and validation.nests_deeper(text, validation.MAX_JSON_DEPTH):
@@ -357,6 +369,7 @@ def _claim_statement(
     if any(payloads.is_offloaded(r[2]) for r in rows):
         rows = _fill_bodies(conn, rows)
     jobs = []
+    waits: list[int] = []
     for (
         _seq,
         uid,
@@ -371,25 +384,34 @@ def _claim_statement(
         rn,
         meta,
         has_dependents,
+        wait,
     ) in rows:
+        waits.append(wait)
         deadline = claimed + vis if not timeout_ms else min(claimed + vis, claimed + timeout_ms)
-        jobs.append(
-            ClaimedJob(
-                id=uid,
-                queue=queue,
-                payload=_claimed_payload(payload),
-                receipt=receipts.compose(uid, generation, pairs[rn - 1][0]),
-                deadline=deadline,
-                attempts=attempts,
-                max_attempts=max_attempts,
-                priority=priority,
-                enqueued_at=enqueued_at,
-                claimed_at=claimed,
-                metadata=None if meta is None else validation.stored_json(meta, "metadata"),
-                has_dependents=bool(has_dependents),
-            )
+        # ClaimedJob(...) with every field given, without the frozen __init__'s setattr per field.
+        job = _new_claimed(ClaimedJob)
+        job.__dict__.update(
+            id=uid,
+            queue=queue,
+            payload=_claimed_payload(payload),
+            receipt=receipts.compose(uid, generation, *pairs[rn - 1]),
+            deadline=deadline,
+            attempts=attempts,
+            max_attempts=max_attempts,
+            priority=priority,
+            enqueued_at=enqueued_at,
+            claimed_at=claimed,
+            metadata=None if meta is None else validation.stored_json(meta, "metadata"),
+            has_dependents=bool(has_dependents),
         )
+        jobs.append(job)
+    if jobs:
+        tally_history(conn, queue_id, jobs[0].claimed_at, waits=waits)
     return jobs, None, queue_id
+
+
+#: Makes the claim's ClaimedJob and the one-statement ack's SettleResult instances.
+_new_claimed = object.__new__
 
 
 def _fill_bodies(conn, rows: list) -> list:
@@ -457,6 +479,7 @@ def _claim_once(
         payloads.fill(conn, rows, latest=True)  # no round trip unless some payload was offloaded
         leases, lease_params = [], []
         wait_sum = 0
+        waits: list[int] = []
         for r in rows:
             receipt, digest = receipts.new(r["uid"], r["generation"])
             claimed = r["claimed_at"]
@@ -464,7 +487,9 @@ def _claim_once(
             deadline = claimed + vis if timeout_at is None else min(claimed + vis, timeout_at)
             leases.append("(%s, %s, %s, %s, %s, %s, %s, %s)")
             lease_params += [r["seq"], queue_id, r["generation"], digest, claimed, deadline, timeout_at, worker]
-            wait_sum += max(0, claimed - max(r["enqueued_at"], r["run_at"]))
+            wait = max(0, claimed - max(r["enqueued_at"], r["run_at"]))
+            waits.append(wait)
+            wait_sum += wait
             jobs.append(
                 ClaimedJob(
                     id=r["uid"],
@@ -487,6 +512,7 @@ def _claim_once(
             lease_params,
         )
     add_counters(conn, queue_id, claimed=len(jobs), wait_ms_sum=wait_sum, wait_count=len(jobs))
+    tally_history(conn, queue_id, rows[0]["claimed_at"], waits=waits)
     return jobs
 
 
@@ -505,6 +531,7 @@ def _rate_waited(gate: RateGate, taken: int) -> ClaimedJobs:
 # --- settling a lease ------------------------------------------------------------------
 
 
+@routing.by_queue
 def ack(queue: str, receipt: str, *, result=None) -> SettleResult:
     """Mark the job held by ``receipt`` succeeded and store ``result`` (any JSON, size-capped).
 
@@ -522,6 +549,7 @@ def ack(queue: str, receipt: str, *, result=None) -> SettleResult:
     return outcome
 
 
+@routing.by_queue
 def ack_many(
     queue: str, acks: Iterable[tuple[str, object]], *, has_dependents: Iterable[str] = ()
 ) -> list[SettleResult | InvalidReceipt]:
@@ -597,24 +625,21 @@ def _job_id_of(receipt: object) -> str | None:
 
 def _ack_judged(queue: str, items: list[tuple[str, str | None, str]]) -> list:
     """Ack ``items`` in one transaction, judging each receipt (replay, expired, stale, forged)."""
-    q = get_queue(queue)
-
-    requests = [(r, "ack", args) for r, _, args in items]
-
     relaxed = db.relaxed_commit(db.connection())
 
     def apply_locked_for(items):
         # The store's one-statement ack under the lease locks taken here: it judges the deadlines.
         requests = [(r, "ack", args) for r, _, args in items]
         conn = db.connection()
-        if relaxed:
-            db.relax_commit(conn)
-        found = _locked_leases(conn, q.id, requests, judge=False, lock_jobs=True)
+        # The locking statement finds the queue by name and relaxes the commit itself: the
+        # hand-off to a released dependent waits for two round trips fewer (docs/performance.md#workflows).
+        found = _locked_leases(conn, None, requests, judge=False, lock_jobs=True, relax=relaxed, queue_name=queue)
         live = [(i, lease) for i, lease in enumerate(found) if isinstance(lease, dict)]
         if live:
+            queue_id = live[0][1]["queue_id"]
             store = storage.for_connection(conn)
             ack_args: dict[str, Any] = {
-                "queue_id": q.id,
+                "queue_id": queue_id,
                 "seqs": [lease["job_id"] for _, lease in live],
                 "results": [items[i][1] for i, _ in live],
                 "args": [items[i][2] for i, _ in live],
@@ -623,27 +648,34 @@ def _ack_judged(queue: str, items: list[tuple[str, str | None, str]]) -> list:
                 # Their release in the same statement (its snapshot follows the job locks just taken);
                 # a released keyed job enters its key's admission first, so it takes its place in
                 # claim order among the held before the slots freed below admit any.
-                acked, keyed = store.ack_locked_releasing(conn, channel=db.NOTIFY_CHANNEL, **ack_args)
+                acked, keyed, in_batches = store.ack_locked_releasing(conn, channel=db.NOTIFY_CHANNEL, **ack_args)
                 dependencies.admit_keyed(conn, keyed)
                 # A batch member carries the flag too (its callback waits on it): counted here, as
-                # dependencies.finished() counts the members the other ack paths finish.
-                from .. import batches  # imports the services (as dependencies.finished() does)
+                # dependencies.finished() counts the members the other ack paths finish. The
+                # statement above found their batches (no lookup of its own).
+                if in_batches:
+                    from .. import batches  # imports the services (as dependencies.finished() does)
 
-                members = [lease["job_id"] for _, lease in live if lease["has_dependents"] and lease["job_id"] in acked]
-                batches.settle(conn, members, "succeeded")
+                    batches.settle(conn, (), "succeeded", found=in_batches)
             else:
                 acked = store.ack_locked(conn, **ack_args)
+            if acked:
+                runs = list(acked.values())
+                tally_history(conn, queue_id, runs[0][1], succeeded=len(runs), runs=[r for r, _ in runs])
             for i, lease in live:
                 if lease["job_id"] not in acked:  # its deadline passed before the locks were granted
                     found[i] = InvalidReceipt("invalid or expired receipt: the lease has expired", field="receipt")
             freed = [lease["concurrency_key"] for _, lease in live if lease["job_id"] in acked]
-            slots.give_back(conn, queue_id=q.id, queue=queue, freed=freed)
+            slots.give_back(conn, queue_id=queue_id, queue=queue, freed=freed)
         return [
             SettleResult(id=lease["uid"], state="succeeded") if isinstance(lease, dict) else lease for lease in found
         ]
 
     if storage.for_connection(db.connection()).supports_one_statement_ack:
         return db.retrying(apply_locked_for, items)
+
+    q = get_queue(queue)
+    requests = [(r, "ack", args) for r, _, args in items]
 
     def apply():
         conn = db.connection()
@@ -654,17 +686,17 @@ def _ack_judged(queue: str, items: list[tuple[str, str | None, str]]) -> list:
         if live:
             now = live[0][1]["now"]
             seqs = [lease["job_id"] for _, lease in live]
-            marks = ", ".join(["%s"] * len(seqs))
-            with conn.cursor() as cur:
-                cur.execute(f"DELETE FROM {LEASE} WHERE job_id IN ({marks})", seqs)
             store = storage.for_connection(conn)
+            with conn.cursor() as cur:
+                store.delete_leases(cur, seqs)
             acks = [(lease["job_id"], items[i][1], lease["receipt_hash"], items[i][2]) for i, lease in live]
             # The results travel in the statement: as many UPDATEs as the store's statement size needs.
             sizes = [_ACK_ROW_BYTES + 2 * len((a[1] or "").encode()) for a in acks]
             for run in split_by_bytes(acks, sizes, store.statement_budget(conn)):
                 store.mark_acked(conn, now=now, acks=run)
-            run_ms = sum(max(0, now - lease["claimed_at"]) for _, lease in live)
-            add_counters(conn, q.id, acked=len(live), active=-len(live), run_ms_sum=run_ms, run_count=len(live))
+            runs = [max(0, now - lease["claimed_at"]) for _, lease in live]
+            add_counters(conn, q.id, acked=len(live), active=-len(live), run_ms_sum=sum(runs), run_count=len(live))
+            tally_history(conn, q.id, now, succeeded=len(live), runs=runs)
             # In the ack's transaction (semantics §9); the flag was read under the job rows' locks.
             # Released first: a dependent of the same key then takes its place in claim order among the held.
             flagged = [lease["job_id"] for _, lease in live if lease["has_dependents"]]
@@ -726,12 +758,18 @@ def _ack_matching_pg(queue: str, items: list[tuple[str, str | None, str]]) -> li
         ),
         relaxed=db.relaxed_commit(conn),
     )
+    if acked:
+        runs = list(acked.values())
+        tally_history(conn, runs[0][2], runs[0][1], succeeded=len(runs), runs=[r[0] for r in runs])
     for key, i in fast.items():
         if key[0] in acked:
-            out[i] = SettleResult(id=key[0], state="succeeded")
+            # SettleResult(id=..., state="succeeded") without the frozen __init__ (one per acked job).
+            settled = out[i] = _new_claimed(SettleResult)
+            settled.__dict__.update(id=key[0], state="succeeded", run_at=None, replay=False)
     return out
 
 
+@routing.by_queue
 def nack(
     queue: str,
     receipt: str,
@@ -782,6 +820,7 @@ def nack(
     return db.retrying(apply)
 
 
+@routing.by_queue
 def release(queue: str, receipt: str, *, error: str | None = None, delay_ms: int | None = None) -> SettleResult:
     """End the lease and make the job eligible again, giving the attempt back.
 
@@ -859,6 +898,7 @@ def release(queue: str, receipt: str, *, error: str | None = None, delay_ms: int
     return db.retrying(apply)
 
 
+@routing.by_queue
 def extend(queue: str, receipt: str, *, visibility_ms: int) -> int:
     """Move the lease's deadline to now + ``visibility_ms`` (1 ms – 24 h); return it (epoch ms).
 
@@ -885,6 +925,7 @@ def extend(queue: str, receipt: str, *, visibility_ms: int) -> int:
     return db.retrying(apply)
 
 
+@routing.by_queue
 def report_progress(queue: str, receipt: str, progress: float, message: str | None = "") -> tuple[float, str]:
     """Store the progress of the running job ``receipt`` names: a percentage and a short message.
 
@@ -943,7 +984,14 @@ def _locked_lease(conn, queue_id: int, receipt: str, op: str, args: str | None =
 
 
 def _locked_leases(
-    conn, queue_id: int, requests: Sequence[tuple[str, str, str | None]], *, judge: bool = True, lock_jobs: bool = False
+    conn,
+    queue_id: int | None,
+    requests: Sequence[tuple[str, str, str | None]],
+    *,
+    judge: bool = True,
+    lock_jobs: bool = False,
+    relax: bool = False,
+    queue_name: str | None = None,
 ) -> list:
     """Batch form of :func:`_locked_lease` for ``(receipt, op, args)`` requests.
 
@@ -954,13 +1002,26 @@ def _locked_leases(
     caller's next statement must check it, under the locks taken here.
     ``lock_jobs`` (the ack): the job rows are locked too, and each lease row
     says whether its job ``has_dependents`` (see the store's ``lock_leases``).
+    ``relax``: the transaction's commit skips the log flush, set by the locking
+    statement where the store can (:func:`django_fq.db.relax_commit`).
+    ``queue_id`` None with ``queue_name`` (stores with the one-statement ack):
+    the lock finds the queue by name; the queue row is read on its own only
+    when no lease was found (:class:`QueueNotFound` for a missing queue, as
+    with an id looked up first).
     """
     parsed = [receipts.parse(r) for r, _, _ in requests]
     uids = sorted({p.job_id for p in parsed if p is not None})
     rows: dict[str, dict] = {}
     if uids:
-        found = storage.for_connection(conn).lock_leases(conn, queue_id, uids, judge=judge, lock_jobs=lock_jobs)
+        found = storage.for_connection(conn).lock_leases(
+            conn, queue_id, uids, judge=judge, lock_jobs=lock_jobs, relax=relax, queue_name=queue_name
+        )
         rows = {r["uid"]: {"live": 1, **r} for r in found}
+    if queue_id is None:
+        if rows:
+            queue_id = int(next(iter(rows.values()))["queue_id"])
+        else:
+            queue_id = get_queue(str(queue_name)).id
     out: list = []
     taken: set[str] = set()
     for p, (_, op, args) in zip(parsed, requests, strict=True):
@@ -1135,6 +1196,9 @@ def fail_attempt(
             requeued.append(lowered)
     totals = {"nack": "nacked", "expired": "expired", "timeout": "timed_out"}
     add_counters(conn, job.queue.id, **{totals[kind]: 1}, dead=int(dead), active=-int(dead))
+    # Every failed attempt counts as failed, the last one of a dead job too; dead counts the job that
+    # went dead (docs/reference/history.md), as the dashboard's last-hour chart counts attempts.
+    tally_history(conn, job.queue.id, now, failed=1, dead=int(dead))
     return outcome
 
 

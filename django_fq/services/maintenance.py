@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
-from .. import batches, conf, db, storage, validation
+from .. import batches, conf, db, routing, storage, validation
 from ..types import PruneResult, ReapResult
+from . import history
 from . import keys as slots
 from ._base import COUNTER_NAMES, add_counters, get_queue
 from .leases import expire_leases
 from .queues import expire_idle_queues
+from .workers import prune_workers
 
 #: Rows handled per transaction by reap and prune, so no pass holds locks for long.
 BATCH = 1000
 
 
+def _sum_fields(cls):
+    """A combiner for :func:`routing.every_alias`: the field-wise sum of the dataclass answers of each alias."""
+
+    def combine(answers):
+        return cls(**{f: sum(getattr(a, f) for _alias, a in answers) for f in cls.__dataclass_fields__})
+
+    return combine
+
+
+@routing.every_alias(_sum_fields(ReapResult))
 def reap(queue: str | None = None, *, limit: int = 10_000) -> ReapResult:
     """Handle leases past their deadline (database clock) as failed attempts.
 
@@ -41,6 +53,7 @@ def reap(queue: str | None = None, *, limit: int = 10_000) -> ReapResult:
     return ReapResult(expired=expired, timed_out=timed_out, dead=dead)
 
 
+@routing.every_alias(_sum_fields(PruneResult))
 def prune(*, retention_ms: int | None = None, limit: int = 100_000) -> PruneResult:
     """Delete queues past their time to live, succeeded/cancelled jobs finished more than ``retention_ms`` ago, and expired tokens.
 
@@ -48,9 +61,11 @@ def prune(*, retention_ms: int | None = None, limit: int = 100_000) -> PruneResu
     jobs are kept until retried, cancelled or their queue is deleted. Queues
     first (:func:`~django_fq.services.queues.expire_idle_queues`: empty and
     idle for their ``ttl_ms``), so that the activity their finished jobs show
-    is recorded before those jobs go. Deletes in batches of 1000, at most
+    is recorded before those jobs go. Per-minute history rows older than
+    ``FQ_HISTORY_RETENTION_MS`` (8 days) go too. Deletes in batches of 1000, at most
     ``limit`` rows of each kind per call. Also merges counter shards
-    (:func:`fold_counters`).
+    (:func:`fold_counters`) and deletes the registry rows of workers gone for
+    an hour (:func:`~django_fq.services.workers.prune_workers`).
     """
     retention = conf.get("FQ_FINISHED_RETENTION_MS") if retention_ms is None else retention_ms
     validation.integer(retention, "retention_ms", 0, 10 * 3653 * validation.DAY_MS)
@@ -86,10 +101,15 @@ def prune(*, retention_ms: int | None = None, limit: int = 100_000) -> PruneResu
         tokens += n
         if n < BATCH:
             break
+    # Per-minute history past FQ_HISTORY_RETENTION_MS (docs/reference/history.md), as bounded as the rest.
+    minutes = history.prune_history(limit=limit)
     fold_counters()
-    return PruneResult(jobs=jobs, tokens=tokens, queues=queues)
+    return PruneResult(
+        jobs=jobs, tokens=tokens, queues=queues, workers=db.retrying(prune_workers, atomic=False), history=minutes
+    )
 
 
+@routing.every_alias(lambda answers: sum(n for _alias, n in answers))
 def fold_counters() -> int:
     """Merge each queue's counter shards into one; return the shards removed.
 

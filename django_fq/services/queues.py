@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import db, storage, validation
+from .. import db, routing, storage, validation
 from ..exceptions import InvalidPolicy, QueueNotFound
 from ..models import Queue
 from ..types import STATE_NAMES, PauseResult, QueueInfo, QueuePolicy
@@ -22,6 +22,7 @@ from ._base import (
 POLICY_BOUNDS = validation.POLICY_BOUNDS
 
 
+@routing.by_queue
 def configure(queue: str, **changes: int) -> QueuePolicy:
     """Set policy fields of ``queue``, creating it with defaults if missing.
 
@@ -81,13 +82,26 @@ def configure(queue: str, **changes: int) -> QueuePolicy:
     return db.retrying(apply)
 
 
+@routing.by_queue
 def policy(queue: str) -> QueuePolicy:
     """The policy of ``queue``. Raises :class:`QueueNotFound` (and creates nothing) if missing."""
     return policy_of(get_queue(queue))
 
 
+def _queues_of_every_alias(answers) -> list[QueueInfo]:
+    # A queue row left on an alias the mapping no longer sends it to is not listed: every
+    # verb on that name reaches the other alias (docs/how-to/queues-over-databases.md).
+    found = [q for alias, rows in answers for q in rows if routing.alias_for(q.name) == alias]
+    return sorted(found, key=lambda q: q.name)
+
+
+@routing.every_alias(_queues_of_every_alias)
 def queues() -> list[QueueInfo]:
-    """Every queue, by name, with its policy and its job counts per reported state."""
+    """Every queue, by name, with its policy and its job counts per reported state.
+
+    With ``FQ_QUEUE_DATABASES``, the queues of every database alias, merged by
+    name (inside :func:`django_fq.routing.using`: only that alias's).
+    """
     from ..models import Queue
     from ._base import manager
 
@@ -111,6 +125,7 @@ def counts(queue_id: int) -> dict[str, int]:
     return _counts_by_queue(queue_id).get(queue_id, _zero_counts())
 
 
+@routing.by_queue
 def delete_queue(queue: str) -> None:
     """Delete ``queue`` with its jobs, leases, idempotency tokens and counters.
 
@@ -146,6 +161,7 @@ def delete_queue(queue: str) -> None:
     db.retrying(apply)
 
 
+@routing.by_queue
 def pause(queue: str) -> PauseResult:
     """Stop every claim of ``queue``, on every host, from the moment this returns.
 
@@ -164,6 +180,7 @@ def pause(queue: str) -> PauseResult:
     return _set_paused(queue, True)
 
 
+@routing.by_queue
 def resume(queue: str) -> PauseResult:
     """Let claims of ``queue`` take jobs again (undoes :func:`pause`).
 

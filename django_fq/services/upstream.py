@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
-from .. import conf, db, validation
+from .. import conf, db, routing, validation
 from ..exceptions import ResultsTooLarge
 from ._base import get_queue, manager, reported_state
 from .jobs import job_not_found
@@ -119,6 +119,7 @@ class Upstream(Mapping[str, Any]):
         return f"Upstream({', '.join(f'{e.key!r}: {e.state}' for e in self.entries)})"
 
 
+@routing.by_queue
 def results(queue: str, job_id: str, *, queues: Collection[str] | None = None) -> Upstream:
     """The results of the dependencies of job ``job_id`` of ``queue``, as an :class:`Upstream`.
 

@@ -77,12 +77,12 @@ def get(alias: str) -> Store:
 def _prepare_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
     """``connection_created``: let the store set up each new connection of django-fq's alias.
 
-    Only ``FQ_DATABASE``: the other databases of a site keep their sessions as
+    Only the aliases that hold queues (``FQ_DATABASE``, ``FQ_QUEUE_DATABASES``): the other databases of a site keep their sessions as
     the site set them (docs/explanation/storage.md).
     """
-    from .. import conf
+    from .. import routing
 
-    if connection.alias != conf.database():
+    if connection.alias not in routing.aliases():
         return
     store = find(connection)
     if store is not None:

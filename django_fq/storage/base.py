@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 from .dependencies import DependencySql
+from .workers import WorkerSql
 
 #: django-fq's tables (its models' ``Meta.db_table``, written out: the stores run before apps load;
 #: tests/storage/test_conformance_leases.py checks that they agree).
@@ -42,6 +43,8 @@ RATE_TABLE = "django_fq_rate"
 RATE_LOG_TABLE = "django_fq_rate_log"
 #: The per-key claim log of a queue with ``key_rate_limit`` (:class:`~django_fq.models.KeyClaim`).
 KEY_CLAIM_TABLE = "django_fq_key_claim"
+#: Per-minute history of each queue (:class:`~django_fq.models.QueueMinute`; docs/reference/history.md).
+MINUTE_TABLE = "django_fq_minute"
 #: What a job row's ``payload`` column holds when its body is in :data:`PAYLOAD_TABLE`: no JSON
 #: text is empty, so the marker cannot be mistaken for a payload (``payload_size`` keeps the body's size).
 OFFLOADED = ""
@@ -180,7 +183,7 @@ class Finding:
     hint: str
 
 
-class Store(DependencySql, abc.ABC):
+class Store(DependencySql, WorkerSql, abc.ABC):
     """One backend's SQL and capabilities. Subclasses set every flag and implement every method."""
 
     #: Django's ``connection.vendor`` this store serves.
@@ -367,6 +370,8 @@ class Store(DependencySql, abc.ABC):
         kinds: Sequence[str],
         bucket_ms: int,
         scan_limit: int,
+        queue_ids: Sequence[int] | None = None,
+        states: Sequence[str] = (),
     ) -> tuple[list[tuple[int, int]], bool]:
         """Failed attempts per bucket in ``[start, end)`` (epoch ms), counted by the database; two round trips.
 
@@ -377,13 +382,22 @@ class Store(DependencySql, abc.ABC):
         number in the window, by ``(at - start) // bucket_ms``. Returns
         ``([(bucket, count), …], partial)``; ``partial`` is True when more
         than ``scan_limit`` jobs had a history then. No error text leaves the
-        database.
+        database. ``queue_ids`` and ``states`` (every queue and stored state,
+        without ``queue_id``) turn the scan into index ranges of the job
+        table's ``queue, state, changed_at`` index: without them the last
+        change alone is no index range, and the whole index is read.
         """
         where = "changed_at >= %s"
         params: list = [start]
         if queue_id is not None:
             where += " AND queue_id = %s"
             params.append(queue_id)
+        elif queue_ids:
+            where += f" AND queue_id IN ({', '.join(['%s'] * len(queue_ids))})"
+            params.extend(queue_ids)
+        if states:
+            where += f" AND state IN ({', '.join(['%s'] * len(states))})"
+            params.extend(states)
         marks = ", ".join(["%s"] * len(kinds))
         newest = f"SELECT errors FROM {job_table} WHERE {where} AND {self.errors_filter_sql} ORDER BY changed_at DESC LIMIT %s"
         entries = self.failure_entries_sql(newest, marks)
@@ -421,6 +435,17 @@ class Store(DependencySql, abc.ABC):
         placeholders of the failure kinds. ``at`` is NULL when an entry's
         ``at`` is not a whole number. Code-written text only (the SQL audit).
         """
+
+    def page_reads(self, conn: Any) -> contextlib.AbstractContextManager:
+        """The context an admin page's reads (a GET) run in; nothing by default.
+
+        PostgreSQL: a transaction with JIT compilation off (``SET LOCAL jit =
+        off``, gone at its end, so safe through a transaction pooler). A page's
+        count queries are short but have a high estimated cost, and a stock
+        server (``jit_above_cost`` 100,000, optimisation past 500,000) spent
+        seconds compiling them (docs/performance.md "Admin pages at 1,000,000 jobs").
+        """
+        return contextlib.nullcontext()
 
     # --- statement sizes and error history -------------------------------------------------------
 
@@ -489,6 +514,70 @@ class Store(DependencySql, abc.ABC):
         """
         return qs.filter(tags__contains=f"|{tag}|")
 
+    def filter_json_contains(self, qs: Any, column: str, needle: str) -> Any:
+        """``qs`` (jobs) narrowed to those whose JSON column ``column`` contains the JSON object ``needle``.
+
+        ``column`` is ``"payload"`` or ``"metadata"`` (code-written, never user
+        input); ``needle`` is compact JSON text of an object (a bound parameter).
+        An offloaded payload (:data:`OFFLOADED`) is read from :data:`PAYLOAD_TABLE`
+        by a probe of its primary key. Containment is the database's own
+        (PostgreSQL ``jsonb @>``, MariaDB/MySQL ``JSON_CONTAINS``; SQLite has no
+        such function: a Python one with PostgreSQL's rules). No index serves it:
+        callers bound the rows it is tried on (docs/admin.md "Searching jobs").
+        """
+        from django.db.models import BooleanField
+        from django.db.models.expressions import RawSQL
+
+        if column not in ("payload", "metadata"):
+            raise ValueError(f"not a JSON column of jobs: {column}")
+        sql = self.json_contains_sql(self.json_column_sql(column), "%s")
+        return qs.alias(**{f"fq_has_{column}": RawSQL(sql, [needle], output_field=BooleanField())}).filter(
+            **{f"fq_has_{column}": True}
+        )
+
+    def json_column_sql(self, column: str) -> str:
+        """SQL of job column ``column`` (``"payload"`` or ``"metadata"``) as JSON text, an offloaded payload's body included (no round trip)."""
+        # Plain names: the job table and its columns are lower-case identifiers on every backend.
+        if column == "metadata":
+            return f"{JOB_TABLE}.metadata"
+        return (
+            f"COALESCE(NULLIF({JOB_TABLE}.payload, ''), (SELECT fq_body.body FROM {PAYLOAD_TABLE} fq_body "
+            f"WHERE fq_body.job_uid = {JOB_TABLE}.uid))"
+        )
+
+    def json_contains_sql(self, target: str, needle: str) -> str:
+        """SQL condition: JSON text ``target`` contains JSON text ``needle`` (both SQL expressions)."""
+        raise NotImplementedError
+
+    def delete_finished_jobs(self, conn: Any, queue_id: int, seqs: Sequence[int]) -> list[int]:
+        """Inside a write transaction: delete those of jobs ``seqs`` of queue ``queue_id`` that prune could delete now.
+
+        That is, succeeded or cancelled jobs that no unfinished job and no open
+        batch waits on (:meth:`prunable_sql`), whatever their age; their bodies,
+        edges and batch memberships go with them. Returns the sequence numbers
+        deleted. Rows are locked before they are judged (where rows lock).
+        Four round trips (five with offloaded bodies); at most 500 ``seqs``.
+        """
+        if not seqs:
+            return []
+        if len(seqs) > 500:
+            raise ValueError("at most 500 jobs per call")
+        marks = ", ".join(["%s"] * len(seqs))
+        with conn.cursor() as cur:
+            cur.execute(
+                f"SELECT j.seq, j.uid, j.payload = %s FROM {JOB_TABLE} j WHERE j.queue_id = %s AND j.seq IN ({marks}) "
+                f"AND j.state IN ('succeeded', 'cancelled') AND {self.prunable_sql('j')}{self.update_lock_sql}",
+                [OFFLOADED, queue_id, *seqs],
+            )
+            rows = cur.fetchall()
+            if not rows:
+                return []
+            gone = [r[0] for r in rows]
+            self.delete_bodies(conn, [r[1] for r in rows if r[2]])
+            self.delete_dependencies(conn, gone)
+            cur.execute(f"DELETE FROM {JOB_TABLE} WHERE seq IN ({', '.join(['%s'] * len(gone))})", gone)
+        return gone
+
     # --- leases (claim, settle, expiry) -----------------------------------------------------------
 
     def claim_statement(
@@ -519,7 +608,9 @@ class Store(DependencySql, abc.ABC):
         ``expired`` includes a key with room whose held job became due (:meth:`due_keys`).
         Returns rows ``(queue_id, limited, visibility_ms, expired, vis, seq,
         uid, payload, generation, attempts, max_attempts, priority, enqueued_at,
-        timeout_ms, claimed_at, rn, metadata)``: no row, no such queue; ``vis`` NULL, nothing
+        timeout_ms, claimed_at, rn, metadata, has_dependents, wait)``, ``wait``
+        the job's wait (ms: the claim − the later of its enqueue and its
+        ``run_at``, at least 0): no row, no such queue; ``vis`` NULL, nothing
         was claimed (the caller takes the general path); ``seq`` NULL on the one
         row of a claim that found no job. ``rn`` is the job's place (from 1).
         """
@@ -666,7 +757,15 @@ class Store(DependencySql, abc.ABC):
 
     @abc.abstractmethod
     def lock_leases(
-        self, conn: Any, queue_id: int, uids: Sequence[str], *, judge: bool = True, lock_jobs: bool = False
+        self,
+        conn: Any,
+        queue_id: int | None,
+        uids: Sequence[str],
+        *,
+        judge: bool = True,
+        lock_jobs: bool = False,
+        relax: bool = False,
+        queue_name: str | None = None,
     ) -> list[dict]:
         """Inside a write transaction: lock the leases of queue ``queue_id`` held by jobs ``uids`` (public ids).
 
@@ -681,9 +780,16 @@ class Store(DependencySql, abc.ABC):
         is strictly before ``deadline``, else 0) and ``now`` (that clock, epoch
         ms). ``judge=False`` only where :attr:`supports_one_statement_ack`: the
         caller's next statement judges the deadline (:meth:`ack_locked`).
+        ``relax``: also what :meth:`relax_commit` does, in the same round trip
+        where the store can (only when :func:`django_fq.db.relaxed_commit` said so).
+        Stores with :attr:`supports_one_statement_ack` also take ``queue_id``
+        None with ``queue_name=``: the queue found by name in the same round
+        trip, each row carrying its ``queue_id``.
         """
 
-    def ack_matching(self, conn: Any, *, queue_name: str, requests_json: str, relaxed: bool) -> set[str]:
+    def ack_matching(
+        self, conn: Any, *, queue_name: str, requests_json: str, relaxed: bool
+    ) -> dict[str, tuple[int, int, int]]:
         """The one-statement ack (only where :attr:`supports_one_statement_ack`); one round trip, autocommit.
 
         ``requests_json``: a JSON array of ``{"uid", "gen", "hash", "result",
@@ -691,19 +797,21 @@ class Store(DependencySql, abc.ABC):
         every lease of queue ``queue_name`` whose job, generation and receipt
         hash match and whose deadline is after the clock read once all locks
         are held; marks those jobs succeeded; adds to the counters. Returns
-        the uids acked. ``relaxed``: the commit skips the log flush.
+        ``{uid: (run ms, now, queue id)}`` of the jobs acked (run time: now −
+        the lease's claim; now: that clock, epoch ms). ``relaxed``: the commit skips the log flush.
         """
         raise NotImplementedError(f"{type(self).__name__}: no one-statement ack")
 
     def ack_locked(
         self, conn: Any, *, queue_id: int, seqs: Sequence[int], results: Sequence[str | None], args: Sequence[str]
-    ) -> set[int]:
+    ) -> dict[int, tuple[int, int]]:
         """Ack the leases of jobs ``seqs`` the transaction locked (:meth:`lock_leases` with ``judge=False``).
 
         Only where :attr:`supports_one_statement_ack`; one round trip. Ends
         those still live now, marks their jobs succeeded (``results[i]``:
         JSON text or ``None``, ``args[i]`` the settle digest), adds to the
-        counters of queue ``queue_id``. Returns the job seqs acked.
+        counters of queue ``queue_id``. Returns ``{seq: (run ms, now)}`` of the
+        jobs acked, as :meth:`ack_matching` does.
         """
         raise NotImplementedError(f"{type(self).__name__}: no one-statement ack")
 
@@ -716,7 +824,7 @@ class Store(DependencySql, abc.ABC):
         results: Sequence[str | None],
         args: Sequence[str],
         channel: str,
-    ) -> tuple[set[int], list[dict]]:
+    ) -> tuple[dict[int, tuple[int, int]], list[dict], dict[int, int]]:
         """:meth:`ack_locked` for jobs others depend on, releasing their dependents; one round trip.
 
         Only where :attr:`supports_one_statement_ack`, as the statement after
@@ -726,9 +834,12 @@ class Store(DependencySql, abc.ABC):
         by its edges closed, queues the ones left with none (``run_at`` the
         later of their own and now), lowers the claim floors of those without
         a key limit and notifies ``channel`` with their queues' names at commit.
-        Returns ``(job seqs acked, keyed jobs released)``: the latter dicts of
-        ``seq``, ``queue_id``, ``queue`` (name), ``priority`` and
-        ``concurrency_key``, for :func:`django_fq.services.keys.admit_released`.
+        Returns ``(jobs acked, keyed jobs released, batches)``: the jobs acked
+        as :meth:`ack_locked` returns them; the keyed
+        jobs as dicts of ``seq``, ``queue_id``, ``queue`` (name), ``priority``
+        and ``concurrency_key``, for :func:`django_fq.services.keys.admit_released`;
+        ``batches`` as :meth:`batches_of` answers for the jobs acked
+        (``{batch id: members acked}``), for :func:`django_fq.batches.settle`.
         """
         raise NotImplementedError(f"{type(self).__name__}: no one-statement ack")
 
@@ -1360,6 +1471,30 @@ class Store(DependencySql, abc.ABC):
             row = cur.fetchone()
         return {n: int(v) for n, v in zip(names, row, strict=True)}
 
+    #: The columns :meth:`add_minutes` adds to (the unique key is ``queue_id, minute, kind, bin``).
+    MINUTE_SUMS = ("enqueued", "succeeded", "failed", "dead", "n")
+
+    def add_minutes(self, conn: Any, rows: Sequence[tuple[int, int, int, int, int, int, int, int, int]]) -> None:
+        """Add ``rows`` to the per-minute history (:data:`MINUTE_TABLE`) in one upsert.
+
+        Each row is ``(queue_id, minute, kind, bin, enqueued, succeeded,
+        failed, dead, n)``; an existing row with the same key gets the numbers
+        added. The caller sorts the rows by key, so two writers lock the rows
+        they share in one order. One round trip.
+        """
+        marks = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(rows))
+        with conn.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO {MINUTE_TABLE} (queue_id, minute, kind, bin, {', '.join(self.MINUTE_SUMS)}) "
+                f"VALUES {marks} {self.add_minutes_conflict_sql()}",
+                [v for row in rows for v in row],
+            )
+
+    def add_minutes_conflict_sql(self) -> str:
+        """The upsert clause of :meth:`add_minutes` (PostgreSQL and SQLite: ``ON CONFLICT … DO UPDATE``)."""
+        sets = ", ".join(f"{c} = {MINUTE_TABLE}.{c} + excluded.{c}" for c in self.MINUTE_SUMS)
+        return f"ON CONFLICT (queue_id, minute, kind, bin) DO UPDATE SET {sets}"
+
     def queues_with_shards(self, conn: Any) -> list[int]:
         """Ids of the queues with more than one counter shard (one round trip)."""
         with conn.cursor() as cur:
@@ -1392,11 +1527,11 @@ class Store(DependencySql, abc.ABC):
 
         Jobs first: a claim in flight holds some job rows, so this waits for
         it to commit, and the leases it wrote are then seen (and deleted) by
-        the next statement. Ten round trips (eleven with a claim floor).
+        the next statement. Eleven round trips (twelve with a claim floor).
         """
         tables: tuple[str, ...] = (
             JOB_TABLE, LEASE_TABLE, TOKEN_TABLE, COUNTER_TABLE, KEY_TABLE, RATE_TABLE, RATE_LOG_TABLE,
-            KEY_CLAIM_TABLE,
+            KEY_CLAIM_TABLE, MINUTE_TABLE,
         )  # fmt: skip
         if self.supports_claim_floor:
             tables += (FLOOR_TABLE,)

@@ -30,6 +30,7 @@ from .base import (
     KEY_TABLE,
     LEASE_COLUMNS,
     LEASE_TABLE,
+    MINUTE_TABLE,
     OFFLOADED,
     QUEUE_TABLE,
     RATE_LOG_TABLE,
@@ -43,6 +44,8 @@ from .base import (
     full_row,
     within_cap,
 )
+from .dependencies import DEPENDENCY_TABLE
+from .workers import REGISTER_COLUMNS, WORKER_TABLE
 
 #: Epoch milliseconds at execution. ``SYSDATE(3)`` is the time the function runs
 #: (``NOW()`` is fixed at statement start, so a claim that waited for a row lock
@@ -192,6 +195,11 @@ def server_findings(facts: ServerFacts, *, tables: Sequence[str], max_payload_by
     return found
 
 
+def _seq_list_sql(n: int) -> str:
+    """A derived table ``v`` of ``n`` job seqs (parameters), one column ``seq``, for unique lookups joined from it."""
+    return "(SELECT %s AS seq" + " UNION ALL SELECT %s" * (n - 1) + ") AS v"
+
+
 class MysqlStore(Store):
     """MariaDB 10.6+ / MySQL 8.0+ (InnoDB) through Django's ``mysql`` backend and mysqlclient."""
 
@@ -208,8 +216,19 @@ class MysqlStore(Store):
     export_name = vendor
     key_share_sql = " LOCK IN SHARE MODE"
     share_lock_sql = " LOCK IN SHARE MODE"
+    json_object_sql = "JSON_OBJECT"
     skip_locked_sql = " FOR UPDATE SKIP LOCKED"
     clock_sql = NOW_SQL
+
+
+    def add_minutes_conflict_sql(self) -> str:
+        """``ON DUPLICATE KEY UPDATE`` (the row's key is the unique ``queue_id, minute, kind, bin``)."""
+        return "ON DUPLICATE KEY UPDATE " + ", ".join(f"{c} = {c} + VALUES({c})" for c in self.MINUTE_SUMS)
+
+    def json_contains_sql(self, target: str, needle: str) -> str:
+        # JSON_CONTAINS' rules differ from PostgreSQL's in one place: a scalar is also
+        # contained in an array holding it (docs/admin.md "Searching jobs").
+        return f"(JSON_CONTAINS({target}, {needle}) = 1)"
 
     def greatest_sql(self, a: str, b: str) -> str:
         return f"GREATEST({a}, {b})"
@@ -769,7 +788,15 @@ class MysqlStore(Store):
             return cur.rowcount == 1
 
     def lock_leases(
-        self, conn: Any, queue_id: int, uids: Sequence[str], *, judge: bool = True, lock_jobs: bool = False
+        self,
+        conn: Any,
+        queue_id: int | None,
+        uids: Sequence[str],
+        *,
+        judge: bool = True,
+        lock_jobs: bool = False,
+        relax: bool = False,
+        queue_name: str | None = None,
     ) -> list[dict]:
         """Three round trips: the jobs' seqs, the leases locked ``FOR UPDATE`` in job order, then the verdict.
 
@@ -782,6 +809,10 @@ class MysqlStore(Store):
         """
         from .. import db
 
+        if queue_id is None:
+            raise ValueError("lock_leases: queue_id (queue_name only with the one-statement ack)")
+        if relax:
+            self.relax_commit(conn)
         if not judge:
             raise NotImplementedError("MysqlStore.lock_leases: judge=False needs the one-statement ack")
         job, lease = JOB_TABLE, LEASE_TABLE
@@ -797,24 +828,35 @@ class MysqlStore(Store):
             if not uid_of:
                 return []
             seqs = sorted(uid_of)
-            marks = ", ".join(["%s"] * len(seqs))
-            match = f"FROM {lease} WHERE queue_id = %s AND job_id IN ({marks}) ORDER BY job_id FOR UPDATE"
+            # Each lease found by a unique lookup joined from the list (eq_ref), in job order: a
+            # range scan (``job_id IN (…)``) locks the row after each point too, which is another
+            # worker's lease when claims handed out neighbouring seqs, and two acks then wait on
+            # each other (error 1213, seen in the MariaDB kill storm; the (queue_id, deadline)
+            # index the optimizer picks for a small table locks every lease of the queue).
+            listed = _seq_list_sql(len(seqs))
+            match = (
+                f"FROM {listed} STRAIGHT_JOIN {lease} l FORCE INDEX (PRIMARY) ON l.job_id = v.seq "
+                "WHERE l.queue_id = %s ORDER BY l.job_id FOR UPDATE"
+            )
             if lock_jobs:
                 cur.execute(
-                    f"SELECT l.job_id, j.has_dependents FROM {lease} l JOIN {job} j ON j.seq = l.job_id "
-                    f"WHERE l.queue_id = %s AND l.job_id IN ({marks}) ORDER BY l.job_id FOR UPDATE",
-                    [queue_id, *seqs],
+                    f"SELECT l.job_id, j.has_dependents FROM {listed} "
+                    f"STRAIGHT_JOIN {lease} l FORCE INDEX (PRIMARY) ON l.job_id = v.seq "
+                    f"STRAIGHT_JOIN {job} j FORCE INDEX (PRIMARY) ON j.seq = l.job_id "
+                    "WHERE l.queue_id = %s ORDER BY l.job_id FOR UPDATE",
+                    [*seqs, queue_id],
                 )
             else:
-                cur.execute(f"SELECT job_id, 0 {match}", [queue_id, *seqs])
+                cur.execute(f"SELECT l.job_id, 0 {match}", [*seqs, queue_id])
             flags = {int(seq): bool(flag) for seq, flag in cur.fetchall()}
             if not flags:
                 return []
             now = db.now_sql(conn)
             cur.execute(
-                f"SELECT {', '.join(LEASE_COLUMNS)}, CASE WHEN deadline > {now} THEN 1 ELSE 0 END AS live, "
+                f"SELECT {', '.join('l.' + c for c in LEASE_COLUMNS)}, "
+                f"CASE WHEN l.deadline > {now} THEN 1 ELSE 0 END AS live, "
                 f"{now} AS now {match}",
-                [queue_id, *seqs],
+                [*seqs, queue_id],
             )
             rows = fetch_dicts(cur)
         for row in rows:
@@ -823,6 +865,61 @@ class MysqlStore(Store):
             if lock_jobs:
                 row["has_dependents"] = flags.get(row["job_id"], False)
         return rows
+
+    def history_append_row_sql(self, column: str, entry_sql: str, keep: int) -> str:
+        """As :meth:`history_append_sql`, the entry an expression of the row (``JSON_OBJECT``: a JSON value)."""
+        base = f"COALESCE({column}, '[]')"
+        return (
+            f"JSON_REMOVE(JSON_ARRAY_APPEND({base}, '$', {entry_sql}), "
+            f"IF(JSON_LENGTH({base}) >= {int(keep)}, '$[0]', '$[{int(keep)}]'))"
+        )
+
+    def component_sql(self, limit: int) -> str:
+        """:meth:`Store.component <django_fq.storage.dependencies.DependencySql.component>` on MariaDB.
+
+        Two recursive selects, one per index of the edges; ``UNION`` keeps each
+        job once. MariaDB takes no ``LIMIT`` inside a recursive CTE, so the walk
+        is bounded by levels instead (``max_recursive_iterations`` for this
+        statement only: ``limit`` levels, which a component of at most
+        ``limit`` jobs never needs) and its answer by the outer ``LIMIT``.
+        """
+        dep = DEPENDENCY_TABLE
+        return f"""SET STATEMENT max_recursive_iterations = {int(limit)} FOR
+WITH RECURSIVE reach(seq) AS (
+    SELECT CAST(%s AS SIGNED)
+    UNION SELECT e.upstream_id FROM reach r JOIN {dep} e ON e.job_id = r.seq
+    UNION SELECT e.job_id FROM reach r JOIN {dep} e ON e.upstream_id = r.seq),
+found AS (SELECT seq FROM reach LIMIT %s)
+SELECT 'n', seq, NULL FROM found
+UNION ALL
+SELECT 'e', e.job_id, e.upstream_id FROM found a JOIN {dep} e ON e.job_id = a.seq"""
+
+    def component(self, conn: Any, seq: int, *, limit: int) -> tuple[list[int], list[tuple[int, int]]]:
+        """MariaDB: the recursive statement. MySQL proper (whose recursion depth is an error past
+        ``cte_max_recursion_depth``, not a stop): level by level, one query per level per 500 jobs."""
+        if conn.mysql_is_mariadb:
+            return super().component(conn, seq, limit=limit)
+        seen, order, frontier = {seq}, [seq], [seq]
+        edges: set[tuple[int, int]] = set()
+        with conn.cursor() as cur:
+            while frontier and len(order) < limit:
+                found: list[int] = []
+                for part in self._parts(frontier):
+                    marks = ", ".join(["%s"] * len(part))
+                    cur.execute(
+                        f"SELECT job_id, upstream_id FROM {DEPENDENCY_TABLE} "
+                        f"WHERE job_id IN ({marks}) OR upstream_id IN ({marks})",
+                        [*part, *part],
+                    )
+                    for job, up in cur.fetchall():
+                        edges.add((int(job), int(up)))
+                        for s in (int(job), int(up)):
+                            if s not in seen and len(order) < limit:
+                                seen.add(s)
+                                order.append(s)
+                                found.append(s)
+                frontier = found
+        return order, [(j, u) for j, u in sorted(edges) if j in seen and u in seen]
 
     def mark_acked(self, conn: Any, *, now: int, acks: Sequence[tuple[int, str | None, str, str]]) -> None:
         """One multi-table ``UPDATE`` joined with the values as a derived table (no ``VALUES`` rows: MySQL 8 spells them apart)."""
@@ -861,9 +958,21 @@ class MysqlStore(Store):
             )
             rows = fetch_dicts(cur)
             if rows:
-                marks = ", ".join(["%s"] * len(rows))
-                cur.execute(f"DELETE FROM {lease} WHERE job_id IN ({marks})", [r["job_id"] for r in rows])
+                self.delete_leases(cur, [r["job_id"] for r in rows])
         return rows
+
+    def delete_leases(self, cur: Any, seqs: Sequence[int]) -> None:
+        """Each lease by a unique lookup joined from the list, as :meth:`lock_leases` locks them.
+
+        ``DELETE … WHERE job_id IN (…)`` is a range scan, which locks the row
+        after each point (another worker's lease) and deadlocks two settles.
+        """
+        cur.execute(
+            f"DELETE l FROM {_seq_list_sql(len(seqs))} STRAIGHT_JOIN {LEASE_TABLE} l FORCE INDEX (PRIMARY) "
+            "ON l.job_id = v.seq",
+            list(seqs),
+        )
+
     # --- enqueue, queues, counters, maintenance ---------------------------------------------
     # No RETURNING (MySQL 8 has none, MariaDB none on UPDATE), no WITH before INSERT, and
     # no subquery on the table a DELETE or UPDATE writes: a locking SELECT, then the write.
@@ -1113,7 +1222,7 @@ class MysqlStore(Store):
         # InnoDB checks the lease → job foreign key at once (PostgreSQL and SQLite at commit), so
         # leases go before their jobs. Locking the jobs first waits for a claim in flight, as the
         # other backends' jobs-first DELETE does, so the leases it wrote are seen and go too; no
-        # claim takes a job this holds, and no enqueue adds one (the queue row is held). Eight round trips.
+        # claim takes a job this holds, and no enqueue adds one (the queue row is held). Nine round trips.
         with conn.cursor() as cur:
             cur.execute(f"SELECT seq FROM {JOB_TABLE} WHERE queue_id = %s FOR UPDATE", [queue_id])
             cur.fetchall()
@@ -1121,6 +1230,7 @@ class MysqlStore(Store):
             self.delete_queue_dependencies(conn, queue_id)
             for table in (
                 LEASE_TABLE, JOB_TABLE, TOKEN_TABLE, COUNTER_TABLE, KEY_TABLE, RATE_TABLE, RATE_LOG_TABLE, KEY_CLAIM_TABLE,
+                MINUTE_TABLE,
             ):  # fmt: skip
                 cur.execute(f"DELETE FROM {table} WHERE queue_id = %s", [queue_id])
             cur.execute(f"DELETE FROM {QUEUE_TABLE} WHERE id = %s", [queue_id])
@@ -1154,6 +1264,18 @@ class MysqlStore(Store):
             cur.execute(f"DELETE FROM {table} WHERE id IN ({', '.join(['%s'] * len(rows))})", [r[0] for r in rows])
         return [r[1] for r in rows]
 
+
+    # --- the worker registry (django_fq.storage.workers) ----------------------------------------
+
+    def register_worker(self, conn: Any, *, now: str, row: Sequence[Any], started_ago_ms: int) -> None:
+        """As :meth:`Store.register_worker <django_fq.storage.workers.WorkerSql.register_worker>`, with ``ON DUPLICATE KEY UPDATE``."""
+        columns = ", ".join((*REGISTER_COLUMNS, "started_at", "heartbeat_at"))
+        updates = ", ".join(f"{c} = VALUES({c})" for c in (*REGISTER_COLUMNS[1:], "started_at", "heartbeat_at"))
+        with conn.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO {WORKER_TABLE} ({columns}) VALUES {self._register_values(now)} ON DUPLICATE KEY UPDATE {updates}",
+                [*row, started_ago_ms],
+            )
 
     # --- edges: driver errors, backup rows, listening -------------------------------------------
 

@@ -8,6 +8,7 @@ statements are prepared on the server.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import secrets
 from collections.abc import Sequence
@@ -34,7 +35,7 @@ from .base import (
     full_row,
     within_cap,
 )
-from .dependencies import DEPENDENCY_TABLE
+from .dependencies import BATCH_MEMBER_TABLE, DEPENDENCY_TABLE
 
 #: ``clock_timestamp()`` is the time at execution, not at transaction start.
 NOW_SQL = "FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint"
@@ -61,19 +62,27 @@ _ACKED_JSON = ACKED_JSON
 # claim time (``c2``) is read after the job locks, so after this transaction has its id:
 # the floor's lease rule relies on it (docs/explanation/storage.md#the-claim-floor).
 # ``expired`` also says that a held job of a key with room has become due (a queue with
-# key_concurrency or key_rate_limit only; the CASE reads nothing otherwise): the slower path admits it first.
-# A queue with key_concurrency reads its jobs in one band (``keyed``, through ``gk``), not the
-# floor's three (``gp``): its held jobs sit at old sequence numbers, admitting one lowers the
+# key_concurrency or key_rate_limit only: the keyed variant below): the slower path admits it first.
+# A queue with key_concurrency reads its jobs in one band (``keyed``), not the
+# floor's three: its held jobs sit at old sequence numbers, admitting one lowers the
 # floor to it, and from a low floor the planner read the ``at_floor`` band in primary-key order,
 # walking every held row (100,000 of them: 80 ms a claim); ``ORDER BY priority DESC, seq`` with
 # no bound on priority can only come from the claim index, which holds no held job. Its claims do
-# without the floor's skip over a long snapshot's dead entries. The branch a queue does not
-# take is gated by its ``IS NOT NULL`` (a one-time filter: the scan below it never starts).
+# without the floor's skip over a long snapshot's dead entries. Every band is gated by
+# ``(SELECT id FROM g) IS NOT NULL`` (a one-time filter: on a paused queue, or one the variant
+# does not claim from, the scan below it never starts).
 # ``at_floor`` bounds its priority by ``>=`` and ``<=``, not ``=``, and orders by
 # ``priority DESC, seq``: with ``=`` the planner treats the priority as constant, so primary-key
 # order satisfies ``ORDER BY seq``, and below a low floor (no row yet, or lowered to an old retried
 # job) it walked every finished row in seq order (100,000 succeeded jobs ahead of the ready ones:
 # 139,000 buffers, 50-140 ms a claim); the two bounds leave the claim index the only ordered path.
+# The statement comes in two variants (``_claim_pg``), so that each stays under the 4,096 bytes
+# up to which psycopg keeps a statement's parsed form (longer ones are split into parts again on
+# every call): the plain one (the floor's three bands) and the keyed one (``keyed``, for a
+# queue with key_concurrency, plus the due-keys check of ``expired``). Each claims only from a
+# queue of its kind, read from the queue row in the statement itself; for the other kind its
+# ``go`` is empty and it changes nothing, and PostgresStore.claim_statement runs the other variant
+# (and remembers the queue's kind, so that costs one statement when a queue changes kind).
 _CLAIM_PG = """
 WITH q0 AS (
     SELECT id, concurrency > 0 OR rate_limit > 0 OR key_rate_limit > 0 AS limited, visibility_ms, paused,
@@ -85,38 +94,16 @@ fl AS (
 q AS (
     SELECT q0.id, q0.limited, q0.visibility_ms, q0.paused,
         EXISTS (SELECT 1 FROM {lease} l
-            WHERE l.queue_id = q0.id AND l.deadline >= fl.lf AND l.deadline <= (SELECT {now}))
-        OR CASE WHEN q0.key_concurrency > 0 THEN EXISTS (SELECT 1 FROM {keys} k
-            WHERE k.wake_at <= (SELECT {now}) AND k.queue_id = q0.id) ELSE false END AS expired
+            WHERE l.queue_id = q0.id AND l.deadline >= fl.lf AND l.deadline <= (SELECT {now})){wake} AS expired
     FROM q0 CROSS JOIN fl),
 go AS (
     SELECT id, COALESCE(%(vis)s::bigint, visibility_ms) AS vis FROM q
-    WHERE NOT limited AND (NOT expired OR %(after_reap)s::boolean)),
+    WHERE NOT limited AND (SELECT key_concurrency FROM q0) {kind} 0 AND (NOT expired OR %(after_reap)s::boolean)),
 c AS (SELECT {now} AS t{relax}),
 h AS (SELECT string_to_array(%(hashes)s, ',') AS a),
-gp AS (SELECT id FROM go WHERE NOT (SELECT paused FROM q) AND (SELECT key_concurrency FROM q0) = 0),
-gk AS (SELECT id FROM go WHERE NOT (SELECT paused FROM q) AND (SELECT key_concurrency FROM q0) > 0),
+g AS (SELECT id FROM go WHERE NOT (SELECT paused FROM q)),
 picked AS (
-    SELECT seq, priority, payload_size FROM (
-        SELECT * FROM (SELECT seq, priority, payload_size FROM {job}
-            WHERE (SELECT id FROM gp) IS NOT NULL AND queue_id = (SELECT id FROM gp) AND state = 'queued' AND run_at <= (SELECT t FROM c)
-                AND priority > (SELECT p FROM fl)
-            ORDER BY priority DESC, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED) AS above
-        UNION ALL
-        SELECT * FROM (SELECT seq, priority, payload_size FROM {job}
-            WHERE (SELECT id FROM gp) IS NOT NULL AND queue_id = (SELECT id FROM gp) AND state = 'queued' AND run_at <= (SELECT t FROM c)
-                AND priority >= (SELECT p FROM fl) AND priority <= (SELECT p FROM fl) AND seq >= (SELECT s FROM fl)
-            ORDER BY priority DESC, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED) AS at_floor
-        UNION ALL
-        SELECT * FROM (SELECT seq, priority, payload_size FROM {job}
-            WHERE (SELECT id FROM gp) IS NOT NULL AND queue_id = (SELECT id FROM gp) AND state = 'queued' AND run_at <= (SELECT t FROM c)
-                AND priority < (SELECT p FROM fl)
-            ORDER BY priority DESC, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED) AS below
-        UNION ALL
-        SELECT * FROM (SELECT seq, priority, payload_size FROM {job}
-            WHERE (SELECT id FROM gk) IS NOT NULL AND queue_id = (SELECT id FROM gk) AND state = 'queued' AND run_at <= (SELECT t FROM c)
-            ORDER BY priority DESC, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED) AS keyed
-    ) AS bands LIMIT %(n)s),
+    SELECT seq, priority, payload_size FROM ({bands}) AS bands LIMIT %(n)s),
 ranked AS (
     SELECT seq, ROW_NUMBER() OVER w AS rn, SUM(payload_size) OVER w AS cum
     FROM picked WINDOW w AS (ORDER BY priority DESC, seq ROWS UNBOUNDED PRECEDING)),
@@ -147,9 +134,67 @@ spare AS (
     INSERT INTO {counter} (queue_id, claimed, wait_ms_sum, wait_count)
     SELECT (SELECT id FROM go), k, wait, k FROM totals WHERE k > 0 AND NOT EXISTS (SELECT 1 FROM shard))
 SELECT q.id, q.limited, q.visibility_ms, q.expired, (SELECT vis FROM go), seq, uid, payload, generation,
-    attempts, max_attempts, priority, enqueued_at, timeout_ms, claimed_at, rn, metadata, has_dependents
+    attempts, max_attempts, priority, enqueued_at, timeout_ms, claimed_at, rn, metadata, has_dependents,
+    GREATEST(0, claimed_at - GREATEST(enqueued_at, run_at))
 FROM q LEFT JOIN taken ON true
 """
+
+# One band of the claim's jobs, in claim order, locked as the outer LIMIT pulls.
+_CLAIM_BAND = """SELECT * FROM (SELECT seq, priority, payload_size FROM {{job}}
+    WHERE (SELECT id FROM g) IS NOT NULL AND queue_id = (SELECT id FROM g) AND state = 'queued'
+        AND run_at <= (SELECT t FROM c){bound}
+    ORDER BY priority DESC, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED) AS {name}"""
+
+#: The plain variant's bands: above the floor's priority, at it from its seq on, below it.
+_CLAIM_FLOOR_BANDS = " UNION ALL ".join(
+    _CLAIM_BAND.format(name=name, bound=bound)
+    for name, bound in (
+        ("above", " AND priority > (SELECT p FROM fl)"),
+        ("at_floor", " AND priority >= (SELECT p FROM fl) AND priority <= (SELECT p FROM fl) AND seq >= (SELECT s FROM fl)"),
+        ("below", " AND priority < (SELECT p FROM fl)"),
+    )
+)
+
+#: The keyed variant's parts: one band; held jobs of keys with room that became due make ``expired``.
+_CLAIM_KEYED_BAND = _CLAIM_BAND.format(name="keyed", bound="")
+_CLAIM_KEY_WAKE = " OR EXISTS (SELECT 1 FROM {keys} k WHERE k.wake_at <= (SELECT {now}) AND k.queue_id = q0.id)"
+
+#: What folding the claim's whitespace replaces, in order (see _fold_sql).
+_FOLDS = ((", ", ","), ("( ", "("), (" (", "("), (" )", ")"), (") ", ")"), (" = ", "="))
+
+
+def _fold_sql(sql: str) -> str:
+    """``sql`` with its runs of whitespace made one space, and none next to a bracket, a comma or " = ".
+
+    Only for statements none of whose literals holds whitespace (the claim's: ``'queued'``,
+    ``','``, ...), whose meaning it then keeps.
+    """
+    sql = sql.replace("\n", " ")
+    while "  " in sql:
+        sql = sql.replace("  ", " ")
+    for old, new in _FOLDS:
+        sql = sql.replace(old, new)
+    return sql.strip()
+
+
+@functools.lru_cache(maxsize=64)  # four in production; tests' shifted clocks (FQ_TEST_CLOCK_OFFSET_MS) make more
+def _claim_pg(keyed: bool, now: str, relaxed: bool) -> str:
+    """The claim statement of one variant (``keyed``: for a queue with key_concurrency), formatted once.
+
+    Folded (:func:`_fold_sql`) to stay under the 4,096 bytes psycopg keeps parsed.
+    """
+    # Autocommit: this statement is its own transaction, and set_config(..., true)
+    # relaxes just that transaction's commit (see db.relaxed_commit).
+    relax = " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed" if relaxed else ""
+    text = _CLAIM_PG.replace("{bands}", _CLAIM_KEYED_BAND if keyed else _CLAIM_FLOOR_BANDS).replace(
+        "{wake}", _CLAIM_KEY_WAKE if keyed else ""
+    )
+    return _fold_sql(
+        text.format(
+            now=now, clear=CLEAR_PROGRESS_SQL, relax=relax, queue=QUEUE_TABLE, job=JOB_TABLE, lease=LEASE_TABLE,
+            counter=COUNTER_TABLE, floor=FLOOR_TABLE, keys=KEY_TABLE, kind=">" if keyed else "=",
+        )
+    )
 
 
 # What both ack statements do once ``v`` (seq, result, args: the leases to end,
@@ -202,7 +247,7 @@ v AS (
     ORDER BY l.job_id FOR UPDATE OF l FOR NO KEY UPDATE OF j),
 c AS (SELECT {now} AS t FROM (SELECT COUNT(*) FROM v) AS after_locks{relax}),"""
     + _ACK_TAIL
-    + """SELECT uid FROM gone
+    + """SELECT gone.uid, GREATEST(0, c.t - gone.claimed_at), c.t, (SELECT id FROM q) FROM gone CROSS JOIN c
 """
 )
 
@@ -217,7 +262,7 @@ v AS (
     SELECT *, NULL::text AS uid
     FROM unnest(%(seqs)s::bigint[], %(results)s::text[], %(args)s::text[]) AS v(seq, result, args)),"""
     + _ACK_TAIL
-    + """SELECT job_id FROM gone
+    + """SELECT gone.job_id, GREATEST(0, c.t - gone.claimed_at), c.t FROM gone CROSS JOIN c
 """
 )
 
@@ -230,8 +275,10 @@ v AS (
 # at zero, queued in one UPDATE of its row (a concurrent ack of its other dependency waits for
 # the row and re-reads the count: released exactly once), locked first in seq order. Released
 # jobs without a key limit lower their queue's claim floor and notify here; the keyed ones are
-# returned for keys.admit_released. Rows: ('a', seq) per job acked, ('k', seq, queue id,
-# priority, key, queue name) per keyed job released.
+# returned for keys.admit_released. The batches the jobs acked are members of are counted here
+# too (by the membership's primary key), for batches.settle: a round trip fewer on the
+# hand-off (docs/performance.md#workflows). Rows: ('a', seq) per job acked, ('k', seq, queue id,
+# priority, key, queue name) per keyed job released, ('b', batch id, members acked) per batch.
 _ACK_RELEASE_PG = (
     """
 WITH q AS (SELECT %(q)s::bigint AS id),
@@ -269,10 +316,14 @@ floors AS (
     WHERE f.queue_id = m.queue_id AND f.priority = m.priority AND (f.seq > m.seq OR f.pend_seq > m.seq)
     RETURNING f.queue_id),
 woken AS (
-    SELECT pg_notify(%(channel)s, n.name) FROM (SELECT DISTINCT name FROM rel WHERE NOT keyed ORDER BY name) AS n)
-SELECT 'a', job_id, NULL::bigint, NULL::integer, NULL::text, NULL::text FROM gone
+    SELECT pg_notify(%(channel)s, n.name) FROM (SELECT DISTINCT name FROM rel WHERE NOT keyed ORDER BY name) AS n),
+members AS (
+    SELECT m.batch_id, COUNT(*) AS n FROM {batch_member} m JOIN gone ON m.job_id = gone.job_id GROUP BY m.batch_id)
+SELECT 'a', job_id, GREATEST(0, c.t - gone.claimed_at), NULL::integer, NULL::text, NULL::text FROM gone CROSS JOIN c
+UNION ALL SELECT 't', t, NULL, NULL, NULL, NULL FROM c
 UNION ALL SELECT 'k', seq, queue_id, priority, concurrency_key, name FROM rel WHERE keyed
 UNION ALL SELECT 'n', COUNT(*), NULL, NULL, NULL, NULL FROM woken
+UNION ALL SELECT 'b', batch_id, n, NULL, NULL, NULL FROM members
 """
 )
 
@@ -308,7 +359,18 @@ class PostgresStore(Store):
     key_share_sql = " FOR KEY SHARE"
     skip_locked_sql = " FOR UPDATE SKIP LOCKED"
     update_lock_sql = " FOR NO KEY UPDATE"  # enqueues' FOR KEY SHARE passes
+    json_object_sql = "jsonb_build_object"
     clock_sql = NOW_SQL
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Names of the queues whose claims last took the keyed variant of the claim (see _claim_pg).
+        self._keyed_queues: set[str] = set()
+
+
+    def json_contains_sql(self, target: str, needle: str) -> str:
+        # The column is text (compact JSON, as written at enqueue): cast per row, no index.
+        return f"(({target})::jsonb @> ({needle})::jsonb)"
 
     def greatest_sql(self, a: str, b: str) -> str:
         return f"GREATEST({a}, {b})"
@@ -351,6 +413,13 @@ class PostgresStore(Store):
             return False
         conn.close()
         return True
+
+    @contextlib.contextmanager
+    def page_reads(self, conn: Any):
+        with transaction.atomic(using=conn.alias):
+            with conn.cursor() as cur:
+                cur.execute("SET LOCAL jit = off")
+            yield conn
 
     @contextlib.contextmanager
     def read_snapshot(self, conn: Any):
@@ -420,31 +489,38 @@ class PostgresStore(Store):
         hashes: Sequence[str],
         relaxed: bool,
     ) -> list[tuple]:
-        """:data:`_CLAIM_PG`, one statement in autocommit (see :meth:`Store.claim_statement`)."""
+        """:data:`_CLAIM_PG`, one statement in autocommit (see :meth:`Store.claim_statement`).
+
+        Runs the variant of the queue's kind as last seen on this store (keyed: key_concurrency or
+        key_rate_limit set); when the statement says it was the other kind (nothing claimed, and
+        neither a limit nor an expired lease the caller must handle first emptied ``go``), the
+        other variant runs at once and the kind is remembered.
+        """
         from .. import db
 
-        queue, job, lease, counter = QUEUE_TABLE, JOB_TABLE, LEASE_TABLE, COUNTER_TABLE
-        # Autocommit: this statement is its own transaction, and set_config(..., true)
-        # relaxes just that transaction's commit (see db.relaxed_commit).
-        relax = " FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed" if relaxed else ""
-        sql = _CLAIM_PG.format(
-            now=db.now_sql(conn), clear=CLEAR_PROGRESS_SQL, relax=relax, queue=queue, job=job, lease=lease,
-            counter=counter, floor=FLOOR_TABLE, keys=KEY_TABLE,
-        )
+        now, keyed_queues = db.now_sql(conn), self._keyed_queues
+        params = {
+            "name": queue_name,
+            "after_reap": after_reap,
+            "n": count,
+            "w": worker,
+            "cap": cap,
+            "vis": visibility_ms,
+            "hashes": ",".join(hashes),  # hex: one text, not an array to encode
+        }
+        keyed = queue_name in keyed_queues
         with self.hot_cursor(conn) as cur:
-            cur.execute(
-                sql,
-                {
-                    "name": queue_name,
-                    "after_reap": after_reap,
-                    "n": count,
-                    "w": worker,
-                    "cap": cap,
-                    "vis": visibility_ms,
-                    "hashes": ",".join(hashes),  # hex: one text, not an array to encode
-                },
-            )
-            return cur.fetchall()
+            cur.execute(_claim_pg(keyed, now, relaxed), params)
+            rows = cur.fetchall()
+            if rows and rows[0][4] is None and not rows[0][1] and (after_reap or not rows[0][3]):
+                keyed = not keyed  # go was empty for the queue's kind alone: the other variant claims
+                cur.execute(_claim_pg(keyed, now, relaxed), params)
+                rows = cur.fetchall()
+                if keyed:
+                    keyed_queues.add(queue_name)
+                else:
+                    keyed_queues.discard(queue_name)
+            return rows
 
     # --- the claim floor (docs/explanation/storage.md#the-claim-floor) -------------------------
 
@@ -714,9 +790,24 @@ class PostgresStore(Store):
             )  # fmt: skip
 
     def lock_leases(
-        self, conn: Any, queue_id: int, uids: Sequence[str], *, judge: bool = True, lock_jobs: bool = False
+        self,
+        conn: Any,
+        queue_id: int | None,
+        uids: Sequence[str],
+        *,
+        judge: bool = True,
+        lock_jobs: bool = False,
+        relax: bool = False,
+        queue_name: str | None = None,
     ) -> list[dict]:
-        """One round trip (``judge=False``: the lock alone) or two (the lock, then the verdict)."""
+        """One round trip (``judge=False``: the lock alone) or two (the lock, then the verdict).
+
+        ``relax``: the locking statement also sets ``synchronous_commit`` off
+        for the transaction (``set_config(..., true)``, as ``SET LOCAL``), so
+        :func:`django_fq.db.relax_commit` costs no round trip of its own.
+        ``queue_name`` (with ``queue_id`` None): the queue is found by name in
+        the same statement, and each row carries its ``queue_id``.
+        """
         from .. import db
 
         job, lease = JOB_TABLE, LEASE_TABLE
@@ -724,17 +815,27 @@ class PostgresStore(Store):
         columns = "l.job_id, l.generation, l.receipt_hash, l.claimed_at, l.deadline, l.timeout_at, l.worker, j.uid, j.concurrency_key"
         if lock_jobs:
             columns += ", j.has_dependents"
-        match = f"FROM {lease} l JOIN {job} j ON j.seq = l.job_id WHERE l.queue_id = %s AND j.uid = ANY(%s)"
+        queue: Any = queue_id
+        which = "%s"
+        if queue_id is None:
+            if queue_name is None:
+                raise ValueError("lock_leases: a queue_id or a queue_name")
+            queue, which = queue_name, f"(SELECT id FROM {QUEUE_TABLE} WHERE name = %s)"
+            columns += ", l.queue_id"
+        match = f"FROM {lease} l JOIN {job} j ON j.seq = l.job_id WHERE l.queue_id = {which} AND j.uid = ANY(%s)"
         locks = "FOR UPDATE OF l FOR NO KEY UPDATE OF j" if lock_jobs else "FOR UPDATE OF l"
+        # Set once a row is locked (the target list runs after the locks): with no row found the
+        # transaction writes nothing, so there is no commit to relax.
+        relaxing = ", set_config('synchronous_commit', 'off', true) AS relaxed" if relax else ""
         with self.hot_cursor(conn) as cur:
             # Lock first, then judge the deadline: a verdict computed while
             # waiting for the lock would be stale once the lock is granted.
-            locking = f"SELECT {columns if not judge else 'l.job_id'} {match} ORDER BY l.job_id {locks}"
-            cur.execute(locking, [queue_id, list(uids)])
+            locking = f"SELECT {columns if not judge else 'l.job_id'}{relaxing} {match} ORDER BY l.job_id {locks}"
+            cur.execute(locking, [queue, list(uids)])
             if judge:
                 cur.execute(
                     f"SELECT {columns}, CASE WHEN l.deadline > {now} THEN 1 ELSE 0 END AS live, {now} AS now {match}",
-                    [queue_id, list(uids)],
+                    [queue, list(uids)],
                 )
             return fetch_dicts(cur)
 
@@ -773,7 +874,9 @@ class PostgresStore(Store):
         """
         return STATEMENT_BUDGET_BYTES
 
-    def ack_matching(self, conn: Any, *, queue_name: str, requests_json: str, relaxed: bool) -> set[str]:
+    def ack_matching(
+        self, conn: Any, *, queue_name: str, requests_json: str, relaxed: bool
+    ) -> dict[str, tuple[int, int, int]]:
         """:data:`_ACK_MATCHING_PG`, one statement in autocommit (see :meth:`Store.ack_matching`)."""
         from .. import db
 
@@ -785,11 +888,11 @@ class PostgresStore(Store):
         with self.hot_cursor(conn) as cur:
             # One JSON text: psycopg encodes it far faster than five arrays.
             cur.execute(sql, {"queue": queue_name, "req": requests_json})
-            return {r[0] for r in cur.fetchall()}
+            return {r[0]: r[1:] for r in cur.fetchall()}  # bigints: ints already
 
     def ack_locked(
         self, conn: Any, *, queue_id: int, seqs: Sequence[int], results: Sequence[str | None], args: Sequence[str]
-    ) -> set[int]:
+    ) -> dict[int, tuple[int, int]]:
         """:data:`_ACK_PG`, one statement (see :meth:`Store.ack_locked`)."""
         from .. import db
 
@@ -799,7 +902,7 @@ class PostgresStore(Store):
                 _ACK_PG.format(now=db.now_sql(conn), job=job, lease=lease, counter=counter),
                 {"q": queue_id, "seqs": list(seqs), "results": list(results), "args": list(args)},
             )
-            return {r[0] for r in cur.fetchall()}
+            return {r[0]: r[1:] for r in cur.fetchall()}
 
     def ack_locked_releasing(
         self,
@@ -810,13 +913,13 @@ class PostgresStore(Store):
         results: Sequence[str | None],
         args: Sequence[str],
         channel: str,
-    ) -> tuple[set[int], list[dict]]:
+    ) -> tuple[dict[int, tuple[int, int]], list[dict], dict[int, int]]:
         """:data:`_ACK_RELEASE_PG`, one statement (see :meth:`Store.ack_locked_releasing`)."""
         from .. import db
 
         sql = _ACK_RELEASE_PG.format(
             now=db.now_sql(conn), job=JOB_TABLE, lease=LEASE_TABLE, counter=COUNTER_TABLE, queue=QUEUE_TABLE,
-            floor=FLOOR_TABLE, dependency=DEPENDENCY_TABLE,
+            floor=FLOOR_TABLE, dependency=DEPENDENCY_TABLE, batch_member=BATCH_MEMBER_TABLE,
         )  # fmt: skip
         with self.hot_cursor(conn) as cur:
             cur.execute(
@@ -824,13 +927,44 @@ class PostgresStore(Store):
                 {"q": queue_id, "seqs": list(seqs), "results": list(results), "args": list(args), "channel": channel},
             )
             rows = cur.fetchall()
-        acked = {int(r[1]) for r in rows if r[0] == "a"}
+        now = next((int(r[1]) for r in rows if r[0] == "t"), 0)
+        acked = {int(r[1]): (int(r[2]), now) for r in rows if r[0] == "a"}
         keyed = [
             {"seq": int(r[1]), "queue_id": int(r[2]), "priority": int(r[3]), "concurrency_key": r[4], "queue": r[5]}
             for r in rows
             if r[0] == "k"
         ]
-        return acked, keyed
+        batches = {int(r[1]): int(r[2]) for r in rows if r[0] == "b"}
+        return acked, keyed, batches
+
+    def history_append_row_sql(self, column: str, entry_sql: str, keep: int) -> str:
+        """The ``jsonb`` form: drop the oldest entry when full (``- 0``), append the row's entry."""
+        base = f"COALESCE({column}, '[]'::jsonb)"
+        return (
+            f"(CASE WHEN jsonb_array_length({base}) >= {int(keep)} THEN {base} - 0 ELSE {base} END) "
+            f"|| jsonb_build_array({entry_sql})"
+        )
+
+    def component_sql(self, limit: int) -> str:
+        """:meth:`Store.component <django_fq.storage.dependencies.DependencySql.component>` on PostgreSQL.
+
+        The recursive term may name the walk once only, so both directions sit
+        in one ``LATERAL`` union (each by its own index). PostgreSQL computes a
+        recursive CTE only as far as its reader fetches: the ``LIMIT`` ends
+        the walk after ``limit`` jobs, nearest first (it works breadth first).
+        """
+        dep = DEPENDENCY_TABLE
+        return f"""
+WITH RECURSIVE reach(seq) AS (
+    SELECT %s::bigint
+    UNION
+    SELECT x.seq FROM reach r CROSS JOIN LATERAL (
+        SELECT e.upstream_id AS seq FROM {dep} e WHERE e.job_id = r.seq
+        UNION ALL SELECT e.job_id FROM {dep} e WHERE e.upstream_id = r.seq) AS x),
+found AS MATERIALIZED (SELECT seq FROM reach LIMIT %s)
+SELECT 'n', seq, NULL::bigint FROM found
+UNION ALL
+SELECT 'e', e.job_id, e.upstream_id FROM found a JOIN {dep} e ON e.job_id = a.seq"""
 
     def mark_acked(self, conn: Any, *, now: int, acks: Sequence[tuple[int, str | None, str, str]]) -> None:
         """One ``UPDATE … FROM unnest(…)`` (the services use :meth:`ack_locked` here; this serves the interface)."""

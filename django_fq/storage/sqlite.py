@@ -8,6 +8,7 @@ read-then-write can never fail half-way). No LISTEN/NOTIFY: workers poll.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +31,50 @@ from .base import (
 # that over 86400000.0, so rounding recovers the exact millisecond. (No '%' in the
 # text: Django rewrites '%s' into a placeholder in statements with parameters.)
 NOW_SQL = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000) AS INTEGER)"
+
+
+def json_contains(target: Any, needle: Any) -> bool:
+    """Whether JSON value ``target`` contains ``needle``, by PostgreSQL's ``jsonb @>`` rules.
+
+    An object contains an object whose every key it has with a containing
+    value; an array contains an array whose every element some element of it
+    contains; scalars match when equal and of the same JSON type (``1`` and
+    ``1.0`` are one number; ``true`` is not ``1``).
+    """
+    if isinstance(needle, dict):
+        return isinstance(target, dict) and all(k in target and json_contains(target[k], v) for k, v in needle.items())
+    if isinstance(needle, list):
+        return isinstance(target, list) and all(any(json_contains(t, n) for t in target) for n in needle)
+    if isinstance(needle, bool) or isinstance(target, bool):
+        return type(needle) is type(target) and needle == target
+    if isinstance(needle, (int, float)):
+        return isinstance(target, (int, float)) and target == needle
+    return type(needle) is type(target) and needle == target
+
+
+def _json_contains_sql_function(target: Any, needle: Any) -> int | None:
+    if not isinstance(target, str) or not isinstance(needle, str):
+        return None
+    try:
+        return int(json_contains(json.loads(target), json.loads(needle)))
+    except (ValueError, RecursionError):
+        return None
+
+
+def _on_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
+    if connection.vendor == "sqlite":
+        connection.connection.create_function("fq_json_contains", 2, _json_contains_sql_function, deterministic=True)
+
+
+def _register_json_contains(alias: str) -> None:
+    """Make ``fq_json_contains(target, needle)`` known to alias ``alias``'s connections, this one and the next ones."""
+    from django.db import connections
+    from django.db.backends.signals import connection_created
+
+    connection_created.connect(_on_connection, weak=False, dispatch_uid="django_fq_json_contains")
+    conn = connections[alias]
+    conn.ensure_connection()
+    _on_connection(None, conn)
 
 
 @contextlib.contextmanager
@@ -74,7 +119,13 @@ class SqliteStore(Store):
     share_lock_sql = ""
     skip_locked_sql = ""
     update_lock_sql = ""
+    lease_lock_sql = ""
     clock_sql = NOW_SQL
+
+
+    def json_contains_sql(self, target: str, needle: str) -> str:
+        _register_json_contains(self.alias)
+        return f"(fq_json_contains({target}, {needle}) = 1)"
 
     def greatest_sql(self, a: str, b: str) -> str:
         # Two-argument MAX() is SQLite's scalar maximum.
@@ -220,11 +271,23 @@ class SqliteStore(Store):
         return taken
 
     def lock_leases(
-        self, conn: Any, queue_id: int, uids: Sequence[str], *, judge: bool = True, lock_jobs: bool = False
+        self,
+        conn: Any,
+        queue_id: int | None,
+        uids: Sequence[str],
+        *,
+        judge: bool = True,
+        lock_jobs: bool = False,
+        relax: bool = False,
+        queue_name: str | None = None,
     ) -> list[dict]:
         """One round trip: the write transaction holds the database, so the read is the lock (jobs' too)."""
         from .. import db
 
+        if queue_id is None:
+            raise ValueError("lock_leases: queue_id (queue_name only with the one-statement ack)")
+        if relax:
+            self.relax_commit(conn)
         job, lease = JOB_TABLE, LEASE_TABLE
         now = db.now_sql(conn)
         columns = "l.job_id, l.generation, l.receipt_hash, l.claimed_at, l.deadline, l.timeout_at, l.worker, j.uid, j.concurrency_key"

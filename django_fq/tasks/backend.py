@@ -24,7 +24,7 @@ from django.conf import settings
 from django.core import checks
 from django.db import DEFAULT_DB_ALIAS, transaction
 
-from .. import conf, validation
+from .. import conf, routing, validation
 from ..exceptions import InvalidArgument, JobNotFound, QueueNotFound
 from ..validation import POLICY_BOUNDS
 from . import _compat as tasks
@@ -470,12 +470,19 @@ class FqBackend(tasks.BaseTaskBackend):
             return None
         from ..models import IdempotencyToken
 
-        row = (
-            IdempotencyToken.objects.using(conf.database())
-            .filter(queue__name__in=list(self.fq_queues.values()), token=token)
-            .values_list("queue__name", "job_uid")
-            .first()
-        )
+        row = None
+        # Each database of the backend's queues (FQ_QUEUE_DATABASES; one without the setting).
+        for alias, names in routing.group_by_alias(self.fq_queues.values()).items():
+            if not routing.enabled():
+                alias = conf.database()
+            row = (
+                IdempotencyToken.objects.using(alias)
+                .filter(queue__name__in=names, token=token)
+                .values_list("queue__name", "job_uid")
+                .first()
+            )
+            if row is not None:
+                break
         if row is None:
             return None
         try:

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 from django.db import transaction
 
-from .. import conf
+from .. import conf, routing
 from ..exceptions import InvalidDependency
 from . import _compat as tasks
 
@@ -101,7 +101,13 @@ def chain(*steps, on_failure: str = DEFAULT_ON_FAILURE) -> list:
     if not calls:
         return []
     out: list = []
-    with transaction.atomic(using=conf.database()):
+    # The database of the first step's queue (FQ_QUEUE_DATABASES): a step on another one is refused
+    # by its enqueue (WrongDatabase), as the chain is one transaction.
+    first = calls[0].task
+    alias = (
+        routing.alias_for(_fq_backend(first).fq_queues.get(first.queue_name)) if routing.enabled() else conf.database()
+    )
+    with transaction.atomic(using=alias):
         for c in calls:
             backend = _fq_backend(c.task)
             deps = _edges(out[-1], on_failure) if out else None

@@ -8,7 +8,8 @@ across any number of workers and hosts.
 Where each part lives (one module each; docs/explanation/worker.md tells why):
 
 * :mod:`.core` — :class:`Worker`: checks its arguments, assembles the parts, ``run()``, shutdown.
-* :mod:`.loop` — the claim loop (main thread): free slots, fair claims per queue, waits, when to stop.
+* :mod:`.loop` — the claim loop (main thread): free slots, fair claims per queue, waits, when to stop;
+  with queues on several database aliases, one loop per alias on a thread of its own.
 * :mod:`.runner` — the runner pool interface and :class:`~.runner.ThreadPool` (``--concurrency`` threads).
 * :mod:`.aio` — :class:`~.aio.AsyncioPool`: ``async def`` handlers on one event loop (docs/how-to/async-handlers.md).
 * :mod:`.batch` — batch handlers (``@handler(q, batch=N)``): one call, one claim and one ``ack_many`` per batch.
@@ -16,6 +17,7 @@ Where each part lives (one module each; docs/explanation/worker.md tells why):
 * :mod:`.settle` — acks/nacks one run, releases at shutdown, retries a settle the database dropped.
 * :mod:`.heartbeat` — extends the leases in hand; marks a lost one (``LeaseLost`` in the handler).
 * :mod:`.reaper` — expired leases, counter folding, pruning, periodic jobs.
+* :mod:`.presence` — the worker's row in the worker registry: start, one heartbeat per interval, shutdown.
 * :mod:`.state` — the jobs in hand and the counts (one lock), the claim loop's doorbell.
 * :mod:`.context` — :class:`JobContext` and :func:`current_job`: what a handler sees.
 * :mod:`.events` — what the worker tells subscribers (metrics subscribe; so can you).

@@ -123,7 +123,7 @@ async def execute_async(worker: Worker, running: Running, handler: Callable) -> 
     except BaseException as exc:  # noqa: BLE001 - SystemExit in a handler must not end the loop
         outcome = failure_outcome(exc, started)
     else:
-        outcome = Outcome("ok", result=result, elapsed_ms=since(started))
+        outcome = Outcome.ok(result, since(started))
     finally:
         _task_job.reset(token)
     job_finished(worker, running, outcome, wait_ms)

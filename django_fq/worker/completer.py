@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from django.db import connections
 
-from .. import services, validation
+from .. import conf, routing, services, storage, validation
 from ..exceptions import FqError, InvalidJson, PayloadTooLarge, QueueNotFound, ReceiptCancelled
 from .dbconn import tidy_connections
 from .events import JobSettled
@@ -34,17 +34,38 @@ log = logging.getLogger("django_fq.worker")
 
 #: Most jobs one ``ack_many`` call of the completer settles.
 ACK_BATCH = 500
+#: On a database with concurrent writers, an ack batch holds at most this fraction of the worker's
+#: capacity (``--concurrency`` + ``--prefetch``): its slots free while the rest of the hand is still
+#: being acked, so the claim loop's next claim (at a quarter of the slots free) goes out while the
+#: completer's next ack is in flight, instead of after the whole previous claim was acked.
+ACK_SHARE = 0.5
+
+
+def ack_limit(worker: Worker, alias: str | None) -> int:
+    """Most jobs one ``ack_many`` of a completer on database ``alias`` settles (``None``: ``FQ_DATABASE``).
+
+    :data:`ACK_BATCH`, cut to :data:`ACK_SHARE` of ``worker.capacity`` (at least 1) unless the
+    database is embedded (SQLite: one writer locks the whole file, so an ack overlapping a claim
+    would only wait for its lock, and smaller acks would mean more write transactions per job).
+    Never more jobs are leased than before: a slot frees only once its job's ack committed.
+    """
+    conn = connections[alias or (worker.aliases[0] if worker.aliases else conf.database())]
+    if storage.for_connection(conn).embedded:
+        return ACK_BATCH
+    return max(1, min(ACK_BATCH, int(worker.capacity * ACK_SHARE)))
 
 
 class Completer:
     """Acks the successes of one worker's runners in batches, from a thread of its own."""
 
-    def __init__(self, worker: Worker):
+    def __init__(self, worker: Worker, alias: str | None = None):
         self.worker = worker
         self.hand = worker.hand
         # Finished jobs waiting for the next ack_many batch.
         self._acks: queue_module.SimpleQueue = queue_module.SimpleQueue()
         self.thread: threading.Thread | None = None
+        #: Most jobs one ack_many settles (see ack_limit).
+        self.limit = ack_limit(worker, alias)
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self._loop, name="fq-completer", daemon=True)
@@ -101,7 +122,8 @@ class Completer:
                     return
                 # Each item is a unit: one job, or the successes of one batch handler call (kept whole).
                 batch = list(item)
-                while len(batch) < ACK_BATCH:
+                limit = self.limit
+                while len(batch) < limit:
                     try:
                         more = self._acks.get_nowait()
                     except queue_module.Empty:
@@ -178,3 +200,49 @@ class Completer:
                     settler.published(running, "acked", settled.state, ms=ms)
         # The batch's job.acked lines, written at once (django_fq.worker.logs.emit_jobs).
         emit_jobs(logging.INFO, "job.acked", acked)
+
+
+class Completers:
+    """One :class:`Completer` per database alias of the worker's queues (``FQ_QUEUE_DATABASES``), behind one face.
+
+    A success goes to the completer of its queue's alias, so the acks of one
+    database never wait behind a batch in flight on another (nor behind one
+    that is down). Offers what the worker and the runners use of a
+    :class:`Completer`: ``start``, ``stop``, ``hand_over``,
+    ``hand_over_many``, ``thread`` (the first one's) and ``threads``.
+    """
+
+    def __init__(self, worker: Worker, aliases: list[str]):
+        self.by_alias = {alias: Completer(worker, alias) for alias in aliases}
+        self._first = next(iter(self.by_alias.values()))
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._first.thread
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        return [c.thread for c in self.by_alias.values() if c.thread is not None]
+
+    def start(self) -> None:
+        for alias, one in self.by_alias.items():
+            one.start()
+            if one.thread is not None:
+                one.thread.name = f"fq-completer-{alias}"
+
+    def stop(self) -> None:
+        for one in self.by_alias.values():
+            one.stop()
+
+    def _of(self, running: Running) -> Completer:
+        return self.by_alias.get(routing.alias_for(running.claimed.queue), self._first)
+
+    def hand_over(self, seq: int, running: Running, outcome: Outcome) -> bool:
+        """:meth:`Completer.hand_over` on the completer of the job's alias."""
+        return self._of(running).hand_over(seq, running, outcome)
+
+    def hand_over_many(self, entries: list[tuple[int, Running, Outcome]]) -> list[bool]:
+        """:meth:`Completer.hand_over_many` on the completer of the entries' alias (one batch: one queue)."""
+        if not entries:
+            return []
+        return self._of(entries[0][1]).hand_over_many(entries)

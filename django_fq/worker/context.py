@@ -231,6 +231,24 @@ class JobContext:
     @classmethod
     def from_claim(cls, claimed: ClaimedJob, lease: LeaseState | None = None) -> JobContext:
         """The context of a freshly claimed job (everything but its receipt)."""
+        if cls is JobContext and lease is not None:
+            # A worker makes one per claimed job: the slots are filled here as __init__ fills
+            # them, without its keyword call.
+            context = _new_context(cls)
+            context.id = claimed.id
+            context.queue = claimed.queue
+            context.payload = claimed.payload
+            context.attempts = claimed.attempts
+            context.max_attempts = claimed.max_attempts
+            context.enqueued_at = claimed.enqueued_at
+            context.claimed_at = claimed.claimed_at
+            metadata = claimed.metadata
+            context.metadata = {} if metadata is None else metadata
+            context._lease = lease
+            context._reports = None
+            context._writer = None
+            context._upstream = None
+            return context
         return cls(
             id=claimed.id,
             queue=claimed.queue,
@@ -371,6 +389,8 @@ class JobContext:
     def __repr__(self) -> str:
         return f"JobContext(id={self.id!r}, queue={self.queue!r}, attempt={self.attempts}/{self.max_attempts})"
 
+
+_new_context = object.__new__
 
 _local = threading.local()
 #: The job of an async handler: one per asyncio task (a thread-local would be shared by every

@@ -8,11 +8,13 @@ part               what it does                                                 
 ``hand``           the jobs in hand and the counts, under one lock               :mod:`.state`
 ``doorbell``       wakes the claim loop (notification, finished job, stop)       :mod:`.state`
 ``loop``           claim loop: free slots, fair claims, waits, when to stop      :mod:`.loop`
+``loops``          one claim loop per database alias (several aliases only)      :mod:`.loop`
 ``pool``           runs the handlers (threads and an event loop, or child processes) :mod:`.runner`, :mod:`.aio`, :mod:`.procpool`
 ``completer``      acks plain successes in batches                               :mod:`.completer`
 ``settler``        acks/nacks one run, releases at shutdown, retries             :mod:`.settle`
 ``heartbeat``      extends leases, marks lost ones                               :mod:`.heartbeat`
 ``reaping``        reaper rounds: expiry, pruning, periodic jobs (or ``None``)   :mod:`.reaper`
+``presence``       the worker's registry rows: start, heartbeat, shutdown        :mod:`.presence`
 ``events``         the subscribers (metrics, tracing, yours)                     :mod:`.events`
 =================  ============================================================  ===========================
 
@@ -40,22 +42,24 @@ from typing import Any
 from django.db import connections
 
 from .. import handlers as registry
-from .. import validation, wakeup
+from .. import routing, validation, wakeup
 from ..exceptions import InvalidArgument, WorkerConfigError
 from ..middleware import chain_for
+from ..services import history
 from ..types import SettleResult
 from . import batch as batches
 from .aio import default_pool
-from .completer import Completer
+from .completer import Completer, Completers
 from .events import Events, WorkerStarted, WorkerStopped, WorkerStopping, subscribe_all
 from .heartbeat import Heartbeat
 from .logs import emit
-from .loop import MAX_CLAIM, ClaimLoop
+from .loop import MAX_CLAIM, AliasLoops, ClaimLoop
 from .options import DEFAULT_SOFT_TIMEOUT_MS, MAX_PREFETCH, MAX_SOFT_TIMEOUT_MS, POOLS
+from .presence import Presence
 from .reaper import Reaper
 from .runner import RunnerPool, execute
 from .settle import Settler
-from .state import Doorbell, InHand, Outcome, Running, WorkerStats
+from .state import Doorbell, InHand, Outcome, Running, SharedDoorbell, WorkerStats
 
 #: The end of the worker's "no handler" errors: where a new user registers one.
 _WHERE_HANDLERS_GO = (
@@ -239,17 +243,34 @@ class Worker:
         self.done = threading.Event()
         self.events = Events()
         subscribe_all(self.events, subscribers)
-        self.doorbell = Doorbell()
+        #: The database aliases of the served queues (``FQ_QUEUE_DATABASES``), ``FQ_DATABASE`` first when it holds some;
+        #: one claim loop, listener, completer and reaper pass per alias. ``[]`` without the setting (the current alias then).
+        groups = routing.group_by_alias(wanted) if routing.enabled() else {}
+        self.aliases: list[str] = list(groups)
+        # One alias: the one claim loop on the main thread, as without the setting.
+        self.doorbell: Doorbell = SharedDoorbell() if len(groups) > 1 else Doorbell()
         self.hand = InHand(self.doorbell)
         self.settler = Settler(self)
         self.heartbeat = Heartbeat(self)
-        self.completer = Completer(self)
+        self.completer: Completer | Completers = Completers(self, self.aliases) if len(self.aliases) > 1 else Completer(self)
         self.reaping: Reaper | None = Reaper(self) if reaper else None
         self.pool: RunnerPool = _pool_factory(pool)(self)
         #: Runs the batches of the batch queues (``None`` when the worker serves none).
         self.batch_runner: batches.BatchRunner | None = batches.BatchRunner(self) if self.batches else None
-        self.loop = ClaimLoop(self)
+        #: The claim loops, one per alias, when the queues are on two aliases or more (else ``None``).
+        self.loops: AliasLoops | None = None
+        if len(groups) > 1:
+            self.loops = AliasLoops(self, groups)
+            self.doorbell.linked = self.loops.doorbells  # type: ignore[attr-defined]
+            #: The claim loop (with several, the first alias's: signals and the supervisor check go through it).
+            self.loop = self.loops.loops[0]
+        else:
+            self.loop = ClaimLoop(self)
+        #: This worker's rows in the worker registry (django_fq.worker.presence).
+        self.presence = Presence(self)
         self._listener: wakeup.Listener | None = None
+        self._listeners: list[wakeup.Listener] = []
+        self._subscribed: list[tuple[wakeup.Listener, ClaimLoop]] = []
 
     # --- public control -----------------------------------------------------------------------
 
@@ -281,7 +302,8 @@ class Worker:
 
     def claim_into(self, queue: str, count: int) -> int:
         """Claim up to ``count`` jobs of ``queue`` in one call and hand them to the runner pool; return how many."""
-        return self.loop.claim_into(queue, count)
+        loops = self.loops
+        return (self.loop if loops is None else loops.by_queue[queue]).claim_into(queue, count)
 
     def execute(self, running: Running) -> Outcome:
         """Run the handler of the job's queue on its context; never raises."""
@@ -298,8 +320,19 @@ class Worker:
         if self.install_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self.loop.on_signal)
-        self._listener = wakeup.listener()
-        self._listener.subscribe(self.loop.on_notify)
+        if self.aliases:
+            for alias in self.aliases:
+                with routing.using(alias):
+                    self._listeners.append(wakeup.listener())  # one per alias: each database notifies its own
+        else:
+            self._listeners.append(wakeup.listener())
+        self._listener = self._listeners[0]
+        # Each listener rings the claim loop of its alias (with one loop, the only one).
+        loops = self.loops.loops if self.loops is not None else [self.loop]
+        self._subscribed = list(zip(self._listeners, loops, strict=True))
+        for one, loop in self._subscribed:
+            one.subscribe(loop.on_notify)
+        self.presence.register()  # listed before it claims, and before the start line
         if self.events.wants(WorkerStarted):
             self.events.publish(WorkerStarted(self))  # before the start line: whoever sees it sees a serving worker
         emit(
@@ -312,12 +345,13 @@ class Worker:
             visibility_ms=self.visibility_ms or "policy",
             burst=self.burst,
             reaper=self.reaper,
-            wakeup="listen" if self._listener.active else "poll",
+            wakeup=",".join("listen" if one.active else "poll" for one in self._listeners),
+            **({"claim_loops": len(self.loops.loops)} if self.loops is not None else {}),
         )
         reason = "stopped"
         try:
             self._start_threads()
-            reason = self.loop.run()
+            reason = self.loop.run() if self.loops is None else self.loops.run()
         finally:
             self._publish_stopping(reason)
             self._finish()
@@ -346,10 +380,12 @@ class Worker:
 
     @property
     def _threads(self) -> list[threading.Thread]:
-        """Every thread this worker started (runners, completer, heartbeat, reaper)."""
-        parts = [self.completer.thread, self.heartbeat.thread, self.reaping.thread if self.reaping else None]
+        """Every thread this worker started (runners, completer, heartbeat, reaper, the claim loops of several aliases)."""
+        completers = self.completer.threads if isinstance(self.completer, Completers) else [self.completer.thread]
+        parts = [*completers, self.heartbeat.thread, self.reaping.thread if self.reaping else None]
         lanes = self.batch_runner.threads if self.batch_runner is not None else []
-        return self.pool.threads + lanes + [t for t in parts if t is not None]
+        loops = self.loops.threads if self.loops is not None else []
+        return self.pool.threads + lanes + loops + [t for t in parts if t is not None]
 
     def _start_threads(self) -> None:
         self.pool.start()
@@ -359,6 +395,7 @@ class Worker:
         self.heartbeat.start()
         if self.reaping is not None:
             self.reaping.start()
+        self.presence.start()
 
     # --- shutdown -----------------------------------------------------------------------------
 
@@ -392,9 +429,16 @@ class Worker:
             self.batch_runner.stop()
         self.completer.stop()
         self.heartbeat.poke()
-        for thread in (self.completer.thread, self.heartbeat.thread, self.reaping.thread if self.reaping else None):
+        completers = self.completer.threads if isinstance(self.completer, Completers) else [self.completer.thread]
+        for thread in (*completers, self.heartbeat.thread, self.reaping.thread if self.reaping else None):
             if thread is not None:
                 thread.join(timeout=10)
-        if self._listener is not None:
-            self._listener.unsubscribe(self.loop.on_notify)
+        for one, loop in self._subscribed:
+            one.unsubscribe(loop.on_notify)
+        self.presence.stop()  # every job settled or released: the row goes
+        # The minutes this process tallied and has not written (docs/reference/history.md).
+        try:
+            history.flush()
+        except Exception:  # never stops a shutdown: the history is a view
+            logging.getLogger(__name__).exception("history not written at shutdown")
         connections.close_all()

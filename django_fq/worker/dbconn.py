@@ -15,7 +15,7 @@ import time
 from django.db import Error as DjangoDbError
 from django.db import connections
 
-from .. import conf, storage
+from .. import routing, storage
 
 
 def is_db_error(exc: BaseException) -> bool:
@@ -26,11 +26,16 @@ def is_db_error(exc: BaseException) -> bool:
 
 
 def drop_connection() -> None:
-    """Close this thread's django-fq connection after a database error (it reconnects on next use)."""
-    try:
-        connections[conf.database()].close()
-    except Exception:  # noqa: BLE001 - closing a dead connection may fail too
-        pass
+    """Close this thread's django-fq connections after a database error (they reconnect on next use).
+
+    Every alias that holds queues (``routing.aliases()``): the error may have
+    come from any of them (queues over several databases).
+    """
+    for alias in routing.aliases():
+        try:
+            connections[alias].close()
+        except Exception:  # noqa: BLE001 - closing a dead connection may fail too
+            pass
 
 
 def abandon_open_transactions() -> bool:
@@ -61,6 +66,24 @@ def _abandon(conn) -> None:
         conn.connection = None
 
 
+def _opened() -> list:
+    """This thread's connections that were made (``connections.all(initialized_only=True)``), looked up once each.
+
+    ``all()`` asks the thread-local store twice per alias (whether it is there, then for
+    it); a runner asks after every job, so each alias is fetched once here. Falls back to
+    ``all()`` where the handler keeps no such store.
+    """
+    store = getattr(connections, "_connections", None)
+    if store is None:
+        return list(connections.all(initialized_only=True))
+    found = []
+    for alias in connections.settings:
+        conn = getattr(store, alias, None)
+        if conn is not None:
+            found.append(conn)
+    return found
+
+
 def abandon_or_tidy() -> bool:
     """:func:`abandon_open_transactions` and :func:`tidy_connections` in one pass over this thread's connections.
 
@@ -70,7 +93,7 @@ def abandon_or_tidy() -> bool:
     tidied. One walk over the connections instead of two, per job.
     """
     found = False
-    for conn in connections.all(initialized_only=True):
+    for conn in _opened():
         if conn.in_atomic_block:
             found = True
             _abandon(conn)
@@ -86,7 +109,7 @@ def tidy_connections() -> None:
     not close after every job (a runner thread's connection is reused);
     a positive ``CONN_MAX_AGE`` still recycles it.
     """
-    for conn in connections.all(initialized_only=True):
+    for conn in _opened():
         if conn.connection is not None:
             _tidy(conn)
 

@@ -26,6 +26,17 @@ child's supervisor gone, ``max_jobs`` claimed and done, or in a ``burst``
 run once nothing is eligible. A database error never ends it (except a
 ``burst`` run after :data:`_BURST_DB_FAILURES` rounds): it is logged, the
 connection dropped, and the round retried after a growing pause.
+
+Queues on several database aliases (``FQ_QUEUE_DATABASES``): :class:`AliasLoops`
+runs one loop per alias, each on a thread of its own with its own connection,
+doorbell (rung by its alias's listener) and poll interval, over that alias's
+queues. A database that is down stops only its loop's claims: that loop backs
+off (0.25 s doubling to 10 s, not cut short by the other databases' finished
+jobs) and reconnects by itself. The slots are shared: each loop reserves what
+it claims (:meth:`~django_fq.worker.state.InHand.reserve`). A burst run ends
+once every loop found nothing (a loop whose database still fails then gives up
+too). With one alias nothing of this runs: the loop is the main thread's, as
+without the setting.
 """
 
 from __future__ import annotations
@@ -33,15 +44,16 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from typing import TYPE_CHECKING
 
-from .. import services
+from .. import routing, services
 from ..exceptions import QueueNotFound
 from .dbconn import drop_connection, is_db_error
 from .events import JobsClaimed
 from .logs import emit, summary
-from .state import Running
+from .state import Doorbell, Running
 
 if TYPE_CHECKING:
     from .core import Worker
@@ -69,20 +81,60 @@ _ASK_GROWTH = 4
 class ClaimLoop:
     """The main thread of one worker: claims, waits, and decides when the worker is done."""
 
-    def __init__(self, worker: Worker):
+    def __init__(self, worker: Worker, queues: list[str] | None = None, doorbell: Doorbell | None = None, alias: str | None = None):
+        """The claim loop of ``worker`` over ``queues`` (default: all it serves), waking on ``doorbell``.
+
+        ``alias`` is set for one loop of several, one per database alias of the served
+        queues (``FQ_QUEUE_DATABASES``; :meth:`Worker.run <django_fq.worker.core.Worker.run>`
+        runs each in a thread of its own): its queues are all on that alias, its log lines
+        name it, and its claims reserve their slots of the shared capacity first
+        (:meth:`~django_fq.worker.state.InHand.reserve`). ``None``: the worker's only loop,
+        on the main thread.
+        """
         self.worker = worker
         self.hand = worker.hand
-        self.doorbell = worker.doorbell
+        self.queues: list[str] = list(worker.queues if queues is None else queues)
+        self.doorbell = doorbell or worker.doorbell
+        self.alias = alias
+        #: One loop of several (one per alias): shares the capacity with the others.
+        self.shared = alias is not None
+        #: The fields its log lines add (``database=ALIAS`` for one loop of several).
+        self._where: dict[str, str] = {"database": alias} if alias is not None else {}
         self.capacity = worker.capacity
         self._claim_floor = max(1, self.capacity // 4)
         #: Per queue: the most the next claim asks for (absent: as many as there are free slots).
         self._ask: dict[str, int] = {}
         self._rr = 0
         self._policies: dict[str, tuple[int, float]] = {}
-        self._queue_set = set(worker.queues)
+        self._queue_set = set(self.queues)
         self._signals = 0
         #: Per queue: the monotonic time before which its rate limit lets no claim through.
         self._rate_until: dict[str, float] = {}
+        #: One loop of several, in a burst run: ``busy``, ``idle`` (found nothing) or ``failing``.
+        self._state = "busy"
+        #: The last round stopped because the other loops' claims in flight held the free slots.
+        self._blocked = False
+
+    def reap_once(self) -> None:
+        """One reaper round before the first claim, so a burst run reaps too (a database error is logged, not raised).
+
+        The worker's only loop runs :meth:`Reaper.round <django_fq.worker.reaper.Reaper.round>`;
+        one loop of several reaps its own alias only, so a database that is down delays no
+        other alias's first claim.
+        """
+        reaping = self.worker.reaping
+        if reaping is None:
+            return
+        try:
+            if self.alias is None:
+                reaping.round()
+            else:
+                reaping.round_for(self.alias)
+        except Exception as exc:
+            if not is_db_error(exc):
+                raise
+            emit(logging.ERROR, "worker.db_error", worker=self.worker.worker_id, step="reap", **self._where, error=summary(exc))
+            drop_connection()
 
     def run(self) -> str:
         """Claim and wait until the worker is done; return why it stopped (for the ``worker.stop`` line)."""
@@ -90,14 +142,7 @@ class ClaimLoop:
         backoff = 0.0
         failures = 0
         failing_since: float | None = None
-        if self.worker.reaping is not None:
-            try:
-                self.worker.reaping.round()  # once before the first claim, so a burst run reaps too
-            except Exception as exc:
-                if not is_db_error(exc):
-                    raise
-                emit(logging.ERROR, "worker.db_error", worker=self.worker.worker_id, step="reap", error=summary(exc))
-                drop_connection()
+        self.reap_once()
         while True:
             self.check_parent()
             if self.worker.stopping:
@@ -125,13 +170,28 @@ class ClaimLoop:
                     raise
                 backoff = min(_ERROR_BACKOFF_MAX_S, max(_ERROR_BACKOFF_S, backoff * 2))
                 failing_since = failing_since or time.monotonic()
-                emit(logging.ERROR, "worker.db_error", worker=self.worker.worker_id, step="claim", retry_in_s=backoff, error=summary(exc))
+                emit(logging.ERROR, "worker.db_error", worker=self.worker.worker_id, step="claim", **self._where, retry_in_s=backoff, error=summary(exc))
                 drop_connection()
-                self.wait(backoff)
+                if not self.shared:
+                    self.wait(backoff)
+                    continue
+                # One loop of several: a burst run whose other databases have nothing left ends
+                # here, as one loop over them all would; else back off, not shortened by the
+                # doorbell (the other databases' finished jobs ring it many times a second).
+                if self.worker.burst and self._settle_state("failing"):
+                    return f"database {self.alias} unreachable"
+                self.backoff(backoff)
                 continue
             if failing_since is not None:
-                emit(logging.WARNING, "worker.reconnected", worker=self.worker.worker_id, step="claim", after_s=time.monotonic() - failing_since)
+                emit(logging.WARNING, "worker.reconnected", worker=self.worker.worker_id, step="claim", **self._where, after_s=time.monotonic() - failing_since)
                 failing_since, backoff, failures = None, 0.0, 0
+            if self.shared and self._state != "busy" and (got or self._state == "failing"):
+                self._settle_state("busy")  # it answers again, or found work: the others wait for it
+            if self._blocked and not got:
+                # Another alias's claim in flight held the free slots: this round asked nothing,
+                # so it proves nothing (a burst run is not over); look again once it returns.
+                self.hand.await_reservations(0.5)
+                continue
             rate_wait = self.rate_wait()
             if got:
                 poll = self.worker.poll_interval_s
@@ -149,12 +209,38 @@ class ClaimLoop:
             # A burst run is done when a claim made while it held no job found nothing. A claim
             # made while jobs were in hand can come back empty because of them (a concurrency
             # limit they fill, a retry their nack is about to make ready): look again once they finish.
-            if self.worker.burst and running == 0 and len(self.hand) == 0:
+            # One loop of several ends only once every other loop found nothing too (or ended):
+            # a job another database's loop is about to claim may enqueue here.
+            if self.worker.burst and running == 0 and len(self.hand) == 0 and (not self.shared or self._settle_state("idle")):
                 return "nothing left to do"
-            emit(logging.DEBUG, "worker.idle", worker=self.worker.worker_id, wait_s=poll)
+            emit(logging.DEBUG, "worker.idle", worker=self.worker.worker_id, **self._where, wait_s=poll)
             woke = self.wait(poll)
             if not woke:
                 poll = min(self.worker.max_poll_interval_s, max(poll * 2, 0.001))
+
+    def _settle_state(self, state: str) -> bool:
+        """Record this loop of several as ``busy``, ``idle`` or ``failing``; True when every other loop is idle or ended."""
+        self._state = state
+        loops = self.worker.loops
+        assert loops is not None  # only a loop of several records a state
+        return loops.set_state(self, state)
+
+    def backoff(self, pause: float) -> None:
+        """Sleep ``pause`` seconds after a database error of one loop of several; a stop ends it early.
+
+        So does, in a burst run, every other loop being idle or ended (this loop then
+        looks once more and ends if its database still fails).
+        """
+        give_up = time.monotonic() + pause
+        loops = self.worker.loops
+        assert loops is not None  # only a loop of several backs off on its own
+        with self.doorbell.cv:
+            while not self.worker.stopping:
+                remaining = give_up - time.monotonic()
+                if remaining <= 0 or (self.worker.burst and loops.others_settled(self)):
+                    return
+                self.doorbell.cv.wait(min(remaining, 1.0))
+                self.check_parent()
 
     def rate_wait(self) -> float | None:
         """Seconds until the soonest rate-limited queue lets a claim through (``None``: no queue waits)."""
@@ -223,7 +309,9 @@ class ClaimLoop:
 
         Returns the jobs claimed, and whether some queue gave all it was asked for (it may have more).
         """
-        n = len(self.worker.queues)
+        queues = self.queues
+        self._blocked = False
+        n = len(queues)
         start = self._rr
         self._rr = (self._rr + 1) % n
         got, more = 0, False
@@ -236,7 +324,7 @@ class ClaimLoop:
                 free = min(free, allowance)
             if free <= 0:
                 break
-            name = self.worker.queues[(start + i) % n]
+            name = queues[(start + i) % n]
             if name in self._rate_until and self._rate_until[name] > time.monotonic():
                 continue  # its rate limit lets no claim through yet: no round trip to hear that again
             self._rate_until.pop(name, None)  # set again by claim_into if the rate limit stops this claim
@@ -252,7 +340,20 @@ class ClaimLoop:
                     if free <= 0:
                         continue
                 share = min(MAX_CLAIM, -(-free // (n - i)), self._ask.get(name, MAX_CLAIM))
-            taken = self.worker.claim_into(name, share)  # a method, so a subclass of Worker may still wrap it
+            if not self.shared:
+                taken = self.worker.claim_into(name, share)  # a method, so a subclass of Worker may still wrap it
+            else:
+                # One loop of several: the other aliases' loops claim at the same time. Reserving
+                # the slots first (counting their claims in flight) keeps the jobs in hand within
+                # ``capacity`` and ``max_jobs`` whatever the interleaving.
+                share = self.hand.reserve(share, self.capacity, self.worker.max_jobs)
+                if share <= 0:
+                    self._blocked = True
+                    break
+                try:
+                    taken = self.worker.claim_into(name, share)
+                finally:
+                    self.hand.unreserve(share)
             if name in self._rate_until:
                 self._ask[name] = share  # short because of the rate limit, not of jobs: ask as much next time
             else:
@@ -321,3 +422,109 @@ class ClaimLoop:
         soonest = min(r.state.expires_mono if r.capped else r.next_beat for r in runnings)
         self.worker.heartbeat.wake_before(soonest)
         return len(jobs)
+
+
+class AliasLoops:
+    """One claim loop per database alias of the served queues (``FQ_QUEUE_DATABASES``), each on a thread of its own.
+
+    Built by the :class:`~django_fq.worker.core.Worker` when its queues are on two
+    aliases or more (``groups``: ``{alias: [queue, ...]}``, from
+    :func:`django_fq.routing.group_by_alias`). Each loop has its own doorbell, rung by
+    its alias's wakeup listener, and its own connection (Django's are per thread), so
+    a database that is down or slow holds up only its own loop: that loop backs off
+    and reconnects by itself while the others claim. The runner pool, the completers
+    and the capacity are shared (:meth:`~django_fq.worker.state.InHand.reserve`); the
+    worker's doorbell rings every loop's (a finished job frees a slot for all of them).
+    """
+
+    def __init__(self, worker: Worker, groups: dict[str, list[str]]):
+        self.worker = worker
+        self.loops = [ClaimLoop(worker, queues, Doorbell(), alias) for alias, queues in groups.items()]
+        #: Which loop claims each queue (:meth:`Worker.claim_into <django_fq.worker.core.Worker.claim_into>`).
+        self.by_queue: dict[str, ClaimLoop] = {q: loop for loop in self.loops for q in loop.queues}
+        self._lock = threading.Lock()
+        #: Per alias: ``busy``, ``idle``, ``failing`` (burst runs only) or ``done`` (its thread ended).
+        self._states: dict[str, str] = {loop.alias or "": "busy" for loop in self.loops}
+        self.threads: list[threading.Thread] = []
+
+    @property
+    def doorbells(self) -> list[Doorbell]:
+        """Every loop's doorbell (the worker's own forwards its rings to them)."""
+        return [loop.doorbell for loop in self.loops]
+
+    def set_state(self, loop: ClaimLoop, state: str) -> bool:
+        """Record ``loop``'s state; True when every other loop is idle or ended.
+
+        A loop that becomes idle or ends rings the others, so one waiting for it looks again.
+        """
+        with self._lock:
+            changed = self._states[loop.alias or ""] != state
+            self._states[loop.alias or ""] = state
+            settled = self._others_settled(loop)
+        if changed and state in ("idle", "done"):
+            for other in self.loops:
+                if other is not loop:
+                    other.doorbell.ring()
+        return settled
+
+    def others_settled(self, loop: ClaimLoop) -> bool:
+        """Whether every loop but ``loop`` is idle (found nothing) or ended."""
+        with self._lock:
+            return self._others_settled(loop)
+
+    def _others_settled(self, loop: ClaimLoop) -> bool:
+        return all(s in ("idle", "done") for alias, s in self._states.items() if alias != (loop.alias or ""))
+
+    def run(self) -> str:
+        """Run every loop on its thread until all have ended; return why (as :meth:`ClaimLoop.run` does).
+
+        A loop that raises anything but a database error stops the worker, and the error is
+        raised here once every loop ended. A burst run's loop whose database kept failing
+        raises its error only when no loop ended normally.
+        """
+        from django.db import connections
+
+        ended: list[tuple[ClaimLoop, str | None, BaseException | None]] = []
+
+        def serve(loop: ClaimLoop) -> None:
+            reason, error = None, None
+            try:
+                with routing.using(loop.alias or ""):
+                    reason = loop.run()
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+                error = exc
+                if not (self.worker.burst and is_db_error(exc)):
+                    self.worker.request_stop("claim loop failed")
+            finally:
+                ended.append((loop, reason, error))
+                self.set_state(loop, "done")
+                connections.close_all()
+
+        for loop in self.loops:
+            thread = threading.Thread(target=serve, args=(loop,), name=f"fq-claim-{loop.alias}", daemon=True)
+            self.threads.append(thread)
+            thread.start()
+        primary = self.loops[0]
+        try:
+            for thread in self.threads:
+                while thread.is_alive():
+                    thread.join(0.5)  # short slices: signals are handled on this thread
+                    primary.check_parent()
+        except BaseException:
+            self.worker.request_stop("claim loop failed")
+            for thread in self.threads:
+                thread.join(10)
+            raise
+        errors = [e for _loop, _r, e in ended if e is not None]
+        fatal = [e for e in errors if not is_db_error(e)]
+        if fatal:
+            raise fatal[0]
+        reasons = [r for _loop, r, _e in ended if r is not None]
+        if errors and not reasons:
+            raise errors[0]
+        for loop, _r, error in ended:
+            if error is not None:
+                emit(logging.ERROR, "worker.db_error", worker=self.worker.worker_id, step="claim", database=loop.alias, gave_up=True, error=summary(error))
+        if self.worker.stopping and self.worker.stop_reason:
+            return self.worker.stop_reason
+        return "; ".join(dict.fromkeys(reasons)) or "stopped"

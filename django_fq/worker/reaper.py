@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
-from .. import services
+from .. import routing, services
+from ..services import history
 from .dbconn import drop_connection, is_db_error
 from .logs import emit, summary
 
@@ -70,15 +71,56 @@ class Reaper:
             connections.close_all()
 
     def round(self) -> None:
-        """Expire abandoned leases (and fold counters); prune and run due periodic jobs when due."""
+        """Expire abandoned leases (and fold counters); prune and run due periodic jobs when due.
+
+        With ``FQ_QUEUE_DATABASES``, one pass per database alias of the served queues
+        (``worker.aliases``); an alias whose database fails does not stop the others'
+        passes, and the first error is raised once they ran.
+        """
+        aliases = self.worker.aliases
+        if not aliases:
+            self._round(prune_due=self._prune_due())
+            return
+        prune_due = self._prune_due()
+        failed: BaseException | None = None
+        for alias in aliases:
+            with routing.using(alias):
+                try:
+                    self._round(prune_due=prune_due)
+                except Exception as exc:
+                    if not is_db_error(exc):
+                        raise
+                    failed = failed or exc
+        if failed is not None:
+            raise failed
+
+    def round_for(self, alias: str) -> None:
+        """Expire abandoned leases (and fold counters) on ``alias`` alone, and run its due periodic jobs; no pruning.
+
+        The first round of one claim loop of several (one per alias), made before its
+        first claim; pruning waits for the reaper thread's rounds.
+        """
+        with routing.using(alias):
+            self._round(prune_due=False)
+
+    def _prune_due(self) -> bool:
+        if self.prune_interval_s and time.monotonic() >= self._next_prune:
+            self._next_prune = time.monotonic() + self.prune_interval_s
+            return True
+        return False
+
+    def _round(self, *, prune_due: bool) -> None:
+        history.flush_due()  # the minutes this process tallied that are over (docs/reference/history.md)
         reaped = services.reap()
         if reaped.expired or reaped.timed_out:
             emit(logging.INFO, "reaper.pass", expired=reaped.expired, timed_out=reaped.timed_out, dead=reaped.dead)
-        if self.prune_interval_s and time.monotonic() >= self._next_prune:
-            self._next_prune = time.monotonic() + self.prune_interval_s
+        if prune_due:
             pruned = services.prune()
-            if pruned.jobs or pruned.tokens or pruned.queues:
-                emit(logging.INFO, "reaper.prune", jobs=pruned.jobs, tokens=pruned.tokens, queues=pruned.queues)
+            if pruned.jobs or pruned.tokens or pruned.queues or pruned.workers or pruned.history:
+                emit(
+                    logging.INFO, "reaper.prune", jobs=pruned.jobs, tokens=pruned.tokens, queues=pruned.queues,
+                    workers=pruned.workers, history=pruned.history,
+                )  # fmt: skip
         scheduler = self.scheduler_module()
         if scheduler is not None:
             try:

@@ -257,7 +257,7 @@ def execute(worker: Worker, running: Running) -> Outcome:
     except BaseException as exc:  # noqa: BLE001 - SystemExit in a handler must not kill a runner thread
         outcome = failure_outcome(exc, started)
     else:
-        outcome = Outcome("ok", result=result, elapsed_ms=since(started))
+        outcome = Outcome.ok(result, since(started))
     finally:
         set_current(None)
     job_finished(worker, running, outcome, wait_ms)

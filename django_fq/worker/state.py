@@ -10,6 +10,8 @@ shutdown) meets here and nowhere else:
   shutdown's release).
 * :class:`Doorbell` — wakes the claim loop: a notification of new work, a
   finished job (a free slot, maybe a retry made eligible), a stop request.
+  With one claim loop per database alias, :class:`SharedDoorbell` forwards
+  the worker's rings to each loop's own.
 * :class:`Running` — one job in hand: its claim (with the receipt, never
   shown to the handler), its lease timing and its handler's context.
 """
@@ -24,7 +26,7 @@ from typing import Any
 
 from ..types import ClaimedJob
 from .context import JobContext, LeaseState
-from .logs import fields_text
+from .logs import job_fields_text
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,21 @@ class Outcome:
     summary: str = ""
     elapsed_ms: int = 0
     delay_ms: int | None = None
+
+    @classmethod
+    def ok(cls, result: Any, elapsed_ms: int) -> Outcome:
+        """``Outcome("ok", result=result, elapsed_ms=elapsed_ms)``, made without the frozen ``__init__``.
+
+        A frozen dataclass sets each field through ``object.__setattr__``; a worker makes one
+        outcome per job, so the plain success fills the instance's dict at once (the same
+        fields, equal to the one ``__init__`` makes).
+        """
+        outcome = _new_outcome(cls)
+        outcome.__dict__.update(kind="ok", result=result, error="", summary="", elapsed_ms=elapsed_ms, delay_ms=None)
+        return outcome
+
+
+_new_outcome = object.__new__
 
 
 @dataclass
@@ -127,7 +144,8 @@ class Running:
         """:meth:`where` and its ``key=value`` text, made once per job (for :func:`~django_fq.worker.logs.emit_job`)."""
         logged = self._logged
         if logged is None:
-            logged = self._logged = fields_text(self.where())
+            c = self.claimed
+            logged = self._logged = job_fields_text(c.id, c.queue, c.attempts, c.max_attempts)
         return logged
 
 
@@ -159,6 +177,28 @@ class Doorbell:
             self.rung = False
 
 
+class SharedDoorbell(Doorbell):
+    """The worker's doorbell when it runs one claim loop per database alias: rings reach every loop's own.
+
+    ``linked`` is set once the loops exist (:class:`~django_fq.worker.loop.AliasLoops`).
+    The drain at shutdown still waits on this one's condition.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linked: list[Doorbell] = []
+
+    def ring(self) -> None:
+        super().ring()
+        for one in self.linked:
+            one.ring()
+
+    def wake(self) -> None:
+        super().wake()
+        for one in self.linked:
+            one.wake()
+
+
 class InHand:
     """The jobs a worker holds a lease on, and its counts; one lock guards both.
 
@@ -173,6 +213,9 @@ class InHand:
         self.stats = WorkerStats()
         self.doorbell = doorbell
         self._seq = 0
+        #: Slots reserved by claims in flight (several claim loops only: :meth:`reserve`).
+        self.reserved = 0
+        self._unreserved = threading.Condition(self.lock)
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -185,6 +228,34 @@ class InHand:
                 self._seq += 1
                 self.jobs[self._seq] = running
                 hand_to(self._seq, running)
+
+    def reserve(self, want: int, capacity: int, max_jobs: int | None) -> int:
+        """Reserve up to ``want`` slots for a claim about to be made; return how many (0: none free).
+
+        For a worker with one claim loop per database alias: the free slots are
+        ``capacity`` less the jobs in hand and the other loops' reservations, and at
+        most ``max_jobs`` (``None``: no limit) less those claimed and reserved.
+        :meth:`unreserve` gives them back once the claim returned (its jobs are then in hand).
+        """
+        with self.lock:
+            free = capacity - len(self.jobs) - self.reserved
+            if max_jobs is not None:
+                free = min(free, max_jobs - self.stats.claimed - self.reserved)
+            granted = max(0, min(want, free))
+            self.reserved += granted
+            return granted
+
+    def unreserve(self, n: int) -> None:
+        """Give back ``n`` slots of :meth:`reserve` (waking :meth:`await_reservations`)."""
+        with self._unreserved:
+            self.reserved -= n
+            self._unreserved.notify_all()
+
+    def await_reservations(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for a claim in flight to give back its reserved slots."""
+        with self._unreserved:
+            if self.reserved:
+                self._unreserved.wait(timeout)
 
     def free(self, seqs: list[int]) -> None:
         """Forget the jobs numbered ``seqs`` (settled or released) and ring the doorbell."""

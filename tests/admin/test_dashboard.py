@@ -121,7 +121,7 @@ def test_chart_geometry_stays_inside_the_plot():
     top_value = chart["grid"][-1]["value"]
     assert top_value >= 37 and top_value % 4 == 0
     tallest = max(chart["bars"], key=lambda b: b["h"])
-    assert tallest["title"] == "00:30–00:31 UTC: 37 finished"
+    assert tallest["title"] == "00:30–00:31 UTC: 37 jobs succeeded"
     for b in chart["bars"]:
         assert chart["left"] <= b["x"] and b["x"] + b["w"] <= chart["right_x"]
         assert chart["top"] <= b["y"] and abs(b["y"] + b["h"] - chart["base"]) < 0.02

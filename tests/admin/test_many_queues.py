@@ -208,3 +208,27 @@ def test_a_url_naming_many_queues_adds_a_bounded_number_of_choices(root_client, 
     spec = next(f for f in response.context["cl"].filter_specs if f.title == "queue")
     choices = list(spec.choices(response.context["cl"]))
     assert len(choices) == 1 + 4 + 4 + 1  # All, the first 4, 4 of the 26 picked, "More queues…"
+
+
+#: More queues than SQLite's default limit of variables in one statement (32,766): an ``IN`` of every
+#: queue's id would fail there ("too many SQL variables"), and grow past MariaDB's max packet later.
+MORE_THAN_SQLITE_VARIABLES = 33_000
+
+
+def test_the_busiest_queues_are_found_with_more_queues_than_sqlite_takes_variables():
+    """``busiest_queue_ids`` sends one statement of a fixed size, whatever the number of queues."""
+    from django_fq.admin import dashboard
+
+    fq.enqueue("big:busy", {"n": 1})
+    fq.enqueue("big:busy", {"n": 2})
+    make("big:dead", "dead")
+    now = Queue.objects.get(name="big:busy").created_at
+    Queue.objects.using(conf.database()).bulk_create(
+        [Queue(name=f"big:{i:05d}", created_at=now) for i in range(MORE_THAN_SQLITE_VARIABLES)], batch_size=2000
+    )
+    with CaptureQueriesContext(connections[conf.database()]) as ctx:
+        ids = dashboard.busiest_queue_ids(4)
+    assert len(ctx.captured_queries) == 1 and len(ctx.captured_queries[0]["sql"]) < 2000
+    names = dict(Queue.objects.values_list("pk", "name"))
+    # The queue with two unfinished jobs, then the dead one's, then the idle ones by name.
+    assert [names[i] for i in ids] == ["big:busy", "big:dead", "big:00000", "big:00001"]

@@ -64,6 +64,13 @@ def test_no_page_shows_a_receipt_or_its_hash(root_client, queue):
     ]
     for job in Job.objects.all():
         urls += [job_url(job.uid), job_url(job.uid, "history")]
+    # The live updates' JSON (every job's row) and the confirmation of deleting a finished job.
+    every = ",".join(str(s) for s in Job.objects.values_list("seq", flat=True))
+    urls += [
+        reverse("admin:django_fq_dashboard_live"),
+        reverse("admin:django_fq_job_live") + f"?live_rows={every}&live_since=0",
+        reverse("admin:django_fq_job_delete_finished", args=[seq(acked_id)]),
+    ]
     pages = 0
     for url in urls:
         response = root_client.get(url)

@@ -462,6 +462,7 @@ def test_configure_of_key_concurrency_racing_claims_acks_and_enqueues_keeps_the_
     samples: list[tuple] = []
     bad: list[tuple] = []
     progress = threading.Condition()
+    produced = [0]
 
     def sample() -> None:
         with connection.cursor() as cur:
@@ -484,9 +485,10 @@ def test_configure_of_key_concurrency_racing_claims_acks_and_enqueues_keeps_the_
                     assert progress.wait_for(lambda seen=seen: len(samples) >= seen + 6, timeout=60)
             stop.set()
             return
-        if i == 1:  # a producer
-            for n in range(60):
-                fq.enqueue(q, n, concurrency_key=keys[n % 5])
+        if i == 1:  # a producer, until the operator is done: the consumers never run dry before it
+            while not stop.is_set() and produced[0] < 600:
+                fq.enqueue(q, produced[0], concurrency_key=keys[produced[0] % 5])
+                produced[0] += 1
             return
         while not stop.is_set():  # consumers
             for job in fq.claim(q, count=3):
@@ -509,7 +511,7 @@ def test_configure_of_key_concurrency_racing_claims_acks_and_enqueues_keeps_the_
         for job in got:
             fq.ack(q, job.receipt)
     assert not bad, bad[:5]
-    assert fq.stats(q).counts["succeeded"] == 260
+    assert fq.stats(q).counts["succeeded"] == 200 + produced[0]
     _key_books_balance(q)
 
 

@@ -27,6 +27,7 @@ ENDPOINTS = [
     ("patch", "queue", {"max_attempts": 3}, ("manage",)),
     ("delete", "queue", None, ("manage",)),
     ("get", "stats", None, ("manage",)),
+    ("get", "history", None, ("manage",)),
     ("post", "queue-pause", None, ("manage",)),
     ("post", "queue-resume", None, ("manage",)),
     ("get", "jobs", None, ("manage",)),
@@ -43,6 +44,7 @@ ENDPOINTS = [
     ("post", "release", {"receipt": "x"}, ("consume",)),
     ("post", "extend", {"receipt": "x", "visibility_ms": 5}, ("consume",)),
     ("get", "schema", None, ANY),
+    ("get", "workers", None, ("manage",)),
 ]
 
 
@@ -60,7 +62,7 @@ def _client(role: str) -> Client:
 
 
 def _args(name: str, job: str) -> list:
-    if name in ("queues", "schema"):
+    if name in ("queues", "schema", "workers"):
         return []
     if name.startswith("job") and name != "jobs":
         return [Q, job]

@@ -83,3 +83,37 @@ def partitioned(job):
     result = _finish(job, started)
     _event(p.get("events"), job, "end", lost=job.lease_lost, reason=job.lost_reason)
     return result
+
+
+def upstream_counts(up) -> tuple[int, int]:
+    """``(entries, entries that are not a succeeded dependency with its run's result)`` of an ``Upstream``."""
+    bad = sum(1 for key in up if up.entry(key).state != "succeeded" or not (up[key] or {}).get("ok"))
+    return len(up), bad
+
+
+def _flow(job):
+    """A workflow or batch step: write its start row first, then sleep, read upstream, record the run.
+
+    The start row (database clock, written before anything else, so a run
+    killed later still has it) is what the workflow storm checks against its
+    dependencies' ack times. A job with dependencies reads ``job.upstream``
+    and counts the entries that are not a succeeded dependency's result.
+    ``payload["fail"]``: raise instead (the batch storm's members that
+    exhaust their attempts), after the start row.
+    """
+    started = invariants.now_ms()
+    p = job.payload or {}
+    seen = bad = 0
+    if p.get("deps"):
+        seen, bad = upstream_counts(job.upstream)
+    invariants.record_start(job.id, job.claimed_at, job.attempts, started, upstream_seen=seen, upstream_bad=bad, pid=os.getpid())
+    if p.get("fail"):
+        raise RuntimeError("chaos: this member always fails")
+    sleep_ms = p.get("sleep_ms") or 0
+    if sleep_ms:
+        time.sleep(sleep_ms / 1000)
+    return _finish(job, started)
+
+
+for _queue in ("chaos.flow", "chaos.flow.cb", "chaos.batch", "chaos.batch.cb"):
+    handler(_queue)(_flow)

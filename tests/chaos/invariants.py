@@ -23,7 +23,9 @@ one ``fqchaos_run`` row per run that reached its end (job id, the lease's
 ``claimed_at``, attempt, pid, run start and end read from the database clock,
 and whether the run had been told its lease was lost when it ended), and
 upsert one idempotent ``fqchaos_effect`` row per job (``runs`` counts the
-completed runs). A run killed mid-way leaves no row.
+completed runs). A run killed mid-way leaves no row. The workflow handlers
+also write one ``fqchaos_start`` row as each run begins (:func:`record_start`),
+which the workflow and batch storms (:mod:`tests.chaos.flows`) check.
 
 What is checked (:func:`check`)
 -------------------------------
@@ -51,7 +53,8 @@ Every rule reads only database times (epoch ms):
    It may overlap a *newer* lease only if the run's own lease was lost and
    the run had been told so when it ended (a "zombie": counted, allowed by
    at-least-once delivery). A lease is run at most once.
-5. **Attempts.** For every job: ``attempts`` = leases − releases. An acked
+5. **Attempts.** For every job: ``attempts`` = leases − releases (− the
+   attempts a ``retry`` wiped, which the scenario passes). An acked
    lease has exactly one run row; a nacked lease one, or none when the
    handler raised before recording (e.g. its own write failed while the
    database restarted); an expired, released or cancelled lease has zero (the process died, was cut off, or never started the job)
@@ -119,6 +122,7 @@ TABLES = (
     "fqchaos_settle",
     "fqchaos_run",
     "fqchaos_effect",
+    "fqchaos_start",
 )
 
 _COMMON_DDL = [
@@ -141,6 +145,11 @@ _COMMON_DDL = [
     "told BOOLEAN NOT NULL)",
     "CREATE INDEX fqchaos_run_job ON fqchaos_run (job_uid)",
     "CREATE TABLE fqchaos_effect (job_uid VARCHAR(32) PRIMARY KEY, runs INTEGER NOT NULL, last_pid INTEGER NOT NULL)",
+    # One row per handler start (written as the run begins, so a run killed mid-way has one too):
+    # the workflow storms check that no start came before its dependencies succeeded.
+    "CREATE TABLE fqchaos_start (job_uid VARCHAR(32) NOT NULL, claimed_at BIGINT NOT NULL, attempt INTEGER NOT NULL, "
+    "pid INTEGER NOT NULL, started BIGINT NOT NULL, upstream_seen INTEGER NOT NULL, upstream_bad INTEGER NOT NULL)",
+    "CREATE INDEX fqchaos_start_job ON fqchaos_start (job_uid)",
 ]
 
 # One trigger function per table on PostgreSQL; the WHEN clauses keep the
@@ -325,6 +334,25 @@ def record_run(job_uid: str, claimed_at: int, attempt: int, run_start: int, told
     return run_end
 
 
+def record_start(job_uid: str, claimed_at: int, attempt: int, started: int, *, upstream_seen: int = 0,
+                 upstream_bad: int = 0, pid: int = 0) -> None:
+    """Write the start of one run (committed at once, before the handler does its work).
+
+    ``started`` is the database time the run began (read before anything
+    else the handler does); ``upstream_seen``/``upstream_bad``: how many
+    dependencies the run read in ``job.upstream``, and how many of them were
+    not ``succeeded`` with a result. A run killed after this leaves its start
+    row and no :func:`record_run` row.
+    """
+    conn = default_connection
+    with transaction.atomic(), conn.cursor() as cur:
+        cur.execute(
+            "INSERT INTO fqchaos_start (job_uid, claimed_at, attempt, pid, started, upstream_seen, upstream_bad) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            [job_uid, claimed_at, attempt, pid, started, upstream_seen, upstream_bad],
+        )
+
+
 def record_runs(runs: list[tuple[str, int, int, int, int]], *, tag: str = "", pid: int = 0) -> int:
     """Batch form of :func:`record_run` for a consumer that holds many jobs at once.
 
@@ -406,6 +434,7 @@ def check(
     drained: bool = True,
     runs_required: bool = True,
     producers: list[dict] | None = None,
+    retried: dict[str, int] | None = None,
     conn=None,
 ) -> Report:
     """Check every invariant (see the module docstring) over ``queues``; return a :class:`Report`.
@@ -419,6 +448,9 @@ def check(
             (false for queues whose consumers record no runs).
         producers: enqueue records ``{"queue", "id", "created", "token"}``
             (``token`` may be ``None``) to check rule 6 and count lost jobs.
+        retried: ``{job id: attempts wiped}`` for jobs a scenario redrove with
+            ``retry`` (attempts back to 0): the sum, over its retries, of the
+            job's attempts at that moment, which rule 5 then leaves out.
     """
     conn = conn or default_connection
     report = Report(list(queues))
@@ -691,11 +723,13 @@ def check(
                 report.unrecorded_runs += 1
             elif op is not None and n >= 1:
                 report.duplicates += 1
+    wiped = retried or {}
     for seq, row in rows.items():
-        if row["attempts"] != len(leases.get(seq, ())) - releases[seq]:
+        if row["attempts"] != len(leases.get(seq, ())) - releases[seq] - wiped.get(row["uid"], 0):
             report.fail(
                 "attempts",
-                f"job {row['uid']}: attempts {row['attempts']} but {len(leases[seq])} claims - {releases[seq]} releases",
+                f"job {row['uid']}: attempts {row['attempts']} but {len(leases[seq])} claims - {releases[seq]} releases"
+                f" - {wiped.get(row['uid'], 0)} wiped by retry",
             )
     effects = dict(
         _rows(conn, f"SELECT job_uid, runs FROM fqchaos_effect WHERE job_uid IN (SELECT uid FROM fqchaos_job WHERE queue_id IN {qin})")

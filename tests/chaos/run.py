@@ -6,6 +6,10 @@
     python -m tests.chaos.run --scenario stress --seconds 20      # CI size
 
 Scenarios: kill-storm (20,000 jobs, 4 workers, kill -9 every 1–2 s),
+workflow-storm (a 2,000-step workflow under the same storm: every step after
+its dependencies, the group callback once), batch-storm (a batch of 5,000
+members added in 4 calls, some dead, some cancelled: the callback once with
+the real counts),
 db-restart (the server restarted twice under load; PostgreSQL and MariaDB),
 partition (a worker in its own network namespace cut off past its lease;
 PostgreSQL only, root), stress (8 producers, 4 consumers, 2 reapers, a
@@ -43,7 +47,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PG_ONLY = {"partition", "patroni-failover"}
 SERVER_ONLY = {"db-restart"}  # a database server to restart: PostgreSQL or MariaDB
 SQLITE_ONLY = {"sqlite-writer"}
-ORDER = ["kill-storm", "stress", "db-restart", "partition", "sqlite-writer", "patroni-failover"]
+ORDER = ["kill-storm", "workflow-storm", "batch-storm", "stress", "db-restart", "partition", "sqlite-writer",
+         "patroni-failover"]
 
 
 def parse_args(argv=None):
@@ -51,7 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--scenario", default="all", choices=["all", *ORDER])
     p.add_argument("--db", default="both", choices=["both", "all", "postgres", "sqlite", "mariadb"],
                    help="both: PostgreSQL and SQLite (default); all: also MariaDB")
-    p.add_argument("--jobs", type=int, help="kill-storm jobs (default 20000), sqlite-writer jobs (default 3000)")
+    p.add_argument("--jobs", type=int, help="kill-storm jobs (default 20000), sqlite-writer jobs (default 3000), "
+                   "batch-storm members (default 5000)")
     p.add_argument("--seconds", type=float, help="stress and db-restart duration (default 120 and 30)")
     p.add_argument("--minutes", type=float, help="soak: run kill-storm/stress/db-restart/sqlite-writer this long")
     p.add_argument("--seed", type=int, default=1)
@@ -110,7 +116,9 @@ def prepare(db: str, out: Path, pg_name: str) -> None:
 def run_one_db(args, db: str, out: Path) -> int:
     """Run the chosen scenarios on ``db`` in this process; print their summary lines; 0 when all passed."""
     prepare(db, out, args.pg_name)
-    from tests.chaos import scenarios
+    from tests.chaos import flows, scenarios
+
+    every = {**scenarios.SCENARIOS, **flows.SCENARIOS}
 
     def progress(text: str) -> None:
         if not args.quiet:
@@ -122,6 +130,10 @@ def run_one_db(args, db: str, out: Path) -> int:
         kwargs = {"progress": progress}
         if name == "kill-storm":
             kwargs.update(jobs=args.jobs or 20_000, minutes=args.minutes, seed=args.seed)
+        elif name == "workflow-storm":
+            kwargs.update(seed=args.seed)
+        elif name == "batch-storm":
+            kwargs.update(members=args.jobs or 5000, seed=args.seed)
         elif name == "sqlite-writer":
             kwargs.update(jobs=args.jobs or 3000, minutes=args.minutes)
         elif name == "stress":
@@ -132,7 +144,7 @@ def run_one_db(args, db: str, out: Path) -> int:
             kwargs.update(seconds=(args.minutes * 60 if args.minutes else args.seconds or 30.0))
         progress(f"{name}: starting")
         try:
-            outcome = scenarios.SCENARIOS[name](out, **kwargs)
+            outcome = every[name](out, **kwargs)
         except NotImplementedError as exc:  # a RuntimeError too, but django-fq failing, not a scenario that cannot run
             failed += 1
             print(f"chaos {name}: FAILED on {db}: django-fq raised NotImplementedError: {exc}", flush=True)

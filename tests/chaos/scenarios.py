@@ -118,6 +118,17 @@ def _wait_drained(queues, timeout_s: float, progress=None, label: str = "") -> b
     return False
 
 
+def _kill_and_replace(victim: procs.Proc, live: list, everyone: list, start, outcome: Outcome) -> None:
+    """Kill ``victim`` (``kill -9``), start a worker in its place, and count both on ``outcome``."""
+    live.remove(victim)
+    victim.kill()
+    outcome.kills += 1
+    fresh = start()
+    live.append(fresh)
+    everyone.append(fresh)
+    outcome.restarts += 1
+
+
 def _stop_all(workers: list[procs.Proc], problems: list[str], timeout: float = 60.0) -> None:
     """SIGTERM every live process (once it handles it); a non-zero exit is a problem (it should drain and exit 0)."""
     for w in workers:
@@ -222,14 +233,7 @@ def kill_storm(
             ready = [w for w in live if w.pid in working]
             if not ready:
                 continue
-            victim = ready[rng.randrange(len(ready))]
-            live.remove(victim)
-            victim.kill()
-            outcome.kills += 1
-            fresh = start()
-            live.append(fresh)
-            everyone.append(fresh)
-            outcome.restarts += 1
+            _kill_and_replace(ready[rng.randrange(len(ready))], live, everyone, start, outcome)
             if progress and time.monotonic() - last_note > 5:
                 last_note = time.monotonic()
                 _log(progress, f"kill-storm: {fq.stats(WORK).counts['succeeded']}/{total} succeeded, {outcome.kills} kills")
@@ -250,10 +254,16 @@ def kill_storm(
     return outcome
 
 
-def _working_pids() -> set[int]:
-    """Pids of the worker processes that have claimed at least one job (the pid is in the lease's worker id)."""
+def _working_pids(lease_table: str = "fqchaos_lease") -> set[int]:
+    """Pids of the worker processes that hold a lease row of ``lease_table`` (the pid is in the lease's worker id).
+
+    ``fqchaos_lease`` (the chaos log: every process that has claimed a job) by default;
+    ``django_fq_lease``: the processes holding a live lease now.
+    """
+    if lease_table not in ("fqchaos_lease", "django_fq_lease"):
+        raise ValueError(lease_table)
     with connection.cursor() as cur:
-        cur.execute("SELECT DISTINCT worker FROM fqchaos_lease")
+        cur.execute(f"SELECT DISTINCT worker FROM {lease_table}")
         pids = set()
         for (worker,) in cur.fetchall():
             parts = worker.split(":")

@@ -17,13 +17,14 @@ import os
 import pytest
 from django.db import connection
 
-from . import invariants, netns, scenarios
+from . import flows, invariants, netns, scenarios
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 JOBS = int(os.environ.get("FQ_CHAOS_JOBS", "1000"))
 STORM_BATCH = int(os.environ.get("FQ_CHAOS_STORM_BATCH", "500"))
 SECONDS = float(os.environ.get("FQ_CHAOS_SECONDS", "20"))
+BATCH_MEMBERS = int(os.environ.get("FQ_CHAOS_BATCH_MEMBERS", "1000"))
 
 
 @pytest.fixture
@@ -97,3 +98,24 @@ def test_sqlite_busy_writer_never_sees_locked_database(out):
     _passed(outcome)
     assert outcome.report.succeeded == JOBS
     assert outcome.notes["writer_transactions"] > 10
+
+
+def test_workflow_kill_storm_runs_every_step_after_its_dependencies_and_the_callback_once(out):
+    """Issue 16: a 2,000-step workflow (chain, fan-out 500, 500 two-parent steps, fan-in, 99 chains, group callback)."""
+    outcome = flows.workflow_storm(out, workers=4)
+    _passed(outcome)
+    r = outcome.report
+    assert outcome.notes["steps"] == 2000 and r.jobs == r.succeeded == 2000
+    assert outcome.kills >= 3 and outcome.restarts == outcome.kills
+    assert r.unrecorded_runs + r.duplicates > 0  # the kills did land mid-run
+
+
+def test_batch_kill_storm_fires_the_callback_once_with_the_real_counts(out):
+    """Issue 16: a batch of 1,000 members added in 4 calls; some go dead, some are cancelled, killed workers ack."""
+    outcome = flows.batch_storm(out, members=BATCH_MEMBERS, workers=4)
+    _passed(outcome)
+    n = outcome.notes
+    assert n["members"] == BATCH_MEMBERS and n["succeeded"] > 0 and n["dead"] > 0 and n["cancelled"] > 0
+    assert n["retried"] > 0 and n["calls"] == 4
+    assert outcome.kills >= 3 and outcome.restarts == outcome.kills
+    assert outcome.report.unrecorded_runs + outcome.report.duplicates > 0

@@ -227,3 +227,68 @@ def test_fq_database_naming_a_missing_alias_answers_503_not_a_500(settings):
     assert response.status_code == 503
     assert response.content == b"unavailable: FQ_DATABASE='queue' is not in DATABASES\n"
     assert response["Retry-After"] == "5"
+
+
+def test_waiting_jobs_are_reported_and_leave_the_state_when_released():
+    up = fq.enqueue(Q, {"first": True}).id
+    fq.enqueue(Q, {"second": True}, depends_on=[up])
+    found = scrape()
+    assert value(found, "fq_queue_jobs", queue=Q, state="waiting") == 1
+    assert value(found, "fq_queue_jobs", queue=Q, state="ready") == 1
+    (job,) = fq.claim(Q, visibility_ms=60_000)
+    fq.ack(Q, job.receipt)
+    found = scrape()
+    assert value(found, "fq_queue_jobs", queue=Q, state="waiting") == 0
+    assert value(found, "fq_queue_jobs", queue=Q, state="ready") == 1
+
+
+def _batches(found, queue):
+    return (
+        {s: value(found, "fq_queue_batches", queue=queue, state=s) for s in ("open", "sealed", "finished", "cancelled")},
+        {s: value(found, "fq_queue_batch_members", queue=queue, state=s) for s in ("succeeded", "dead", "cancelled", "unfinished")},
+    )
+
+
+def test_batch_progress_follows_the_members_and_the_seal(settings):
+    from django_fq import batches
+
+    fq.configure("m:plain")
+    b = batches.create("m:batch", callback={"queue": "m:reports", "payload": {}})
+    done = batches.create("m:batch")
+    batches.seal(done.id)  # empty: finished at once
+    ids = [r.id for r in batches.add(b.id, [{"payload": n} for n in range(4)])]
+    found = scrape()
+    assert _batches(found, "m:batch") == (
+        {"open": 1, "sealed": 0, "finished": 1, "cancelled": 0},
+        {"succeeded": 0, "dead": 0, "cancelled": 0, "unfinished": 4},
+    )
+    assert not [k for k in found if k[0].startswith("fq_queue_batch") and ("queue", "m:plain") in k[1]]
+
+    first, second = fq.claim("m:batch", count=2, visibility_ms=60_000)
+    fq.ack("m:batch", first.receipt)
+    fq.nack("m:batch", second.receipt, error="no", permanent=True)
+    fq.cancel("m:batch", ids[3])
+    batches.seal(b.id)
+    assert _batches(scrape(), "m:batch") == (
+        {"open": 0, "sealed": 1, "finished": 1, "cancelled": 0},
+        {"succeeded": 1, "dead": 1, "cancelled": 1, "unfinished": 1},
+    )
+    (last,) = fq.claim("m:batch", visibility_ms=60_000)
+    fq.ack("m:batch", last.receipt)
+    assert batches.get(b.id).state == "finished"
+    # Finished batches leave the members' gauge (it is the progress of those still in progress).
+    assert _batches(scrape(), "m:batch") == (
+        {"open": 0, "sealed": 0, "finished": 2, "cancelled": 0},
+        {"succeeded": 0, "dead": 0, "cancelled": 0, "unfinished": 0},
+    )
+
+    # Past FQ_METRICS_MAX_QUEUES the folded queues' batches are summed under "(other)".
+    settings.FQ_METRICS_MAX_QUEUES = 0
+    open_one = batches.create("m:plain")
+    batches.add(open_one.id, [{"payload": 1}])
+    found = scrape()
+    assert _batches(found, "(other)") == (
+        {"open": 1, "sealed": 0, "finished": 2, "cancelled": 0},
+        {"succeeded": 0, "dead": 0, "cancelled": 0, "unfinished": 1},
+    )
+    assert not [k for k in found if k[0].startswith("fq_queue_batch") and ("queue", "m:batch") in k[1]]

@@ -524,7 +524,8 @@ class QueueMachine(RuleBasedStateMachine):
     def do_prune(self, data):
         retention = data.draw(st.sampled_from([0, 1000, 10**9]), label="retention")
         expected, trial = self.expect(lambda m: m.prune(retention))
-        got = real(lambda: tuple(fq.prune(retention_ms=retention).__dict__.values()))
+        # The model keeps jobs, tokens and queues; the registry's and the history's rows are not its business.
+        got = real(lambda: tuple(fq.prune(retention_ms=retention).__dict__.values())[:3])
         self.check(expected, got, f"prune {retention}")
         SEEN["prune: jobs"] += got[1][0]
         SEEN["prune: tokens"] += got[1][1]

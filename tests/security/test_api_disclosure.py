@@ -102,7 +102,7 @@ def test_wait_asks_the_permission_class_about_the_queue(settings):
 
 
 def _call(client: Client, method: str, name: str, body, job: str):
-    if name in ("queues", "schema"):
+    if name in ("queues", "schema", "workers"):
         args: list = []
     elif name.startswith("job") and name != "jobs":
         args = [Q, job]

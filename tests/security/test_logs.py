@@ -228,7 +228,7 @@ def test_a_500_error_report_hides_the_receipts_of_lease_endpoints(settings, monk
         raise RuntimeError("the database broke")
 
     # Fail deep inside the service, where its frames hold the receipt (or the new secrets).
-    targets = {"claim": ["ClaimedJob"], "ack": ["_locked_leases", "_ack_matching_pg"]}.get(verb, ["_locked_lease"])
+    targets = {"claim": ["_new_claimed", "ClaimedJob"], "ack": ["_locked_leases", "_ack_matching_pg"]}.get(verb, ["_locked_lease"])
     for target in targets:
         if hasattr(leases, target):
             monkeypatch.setattr(leases, target, fail)

@@ -210,6 +210,10 @@ class Audit:
         if isinstance(node, ast.Subscript):
             if isinstance(node.slice, ast.Constant) and node.slice.value is None:
                 return rec(node.value)  # an element of a safe iterable
+            index = node.slice.value if isinstance(node.slice, ast.Constant) else None
+            if isinstance(index, int) and not isinstance(index, bool) and isinstance(node.value, ast.Call):
+                # ``sql, params = store.in_sql(...)``: only the i-th part of what the call returns is SQL text.
+                return self._call(module, node.value, at, seen, local, index=index)
             return rec(node.value)
         if isinstance(node, ast.Attribute):
             if "_meta" in ast.unparse(node):
@@ -361,7 +365,8 @@ class Audit:
                             return path, ast.Name(id=node.attr)
         return None
 
-    def _call(self, module: str, node: ast.Call, at, seen, local=frozenset()) -> bool:
+    def _call(self, module: str, node: ast.Call, at, seen, local=frozenset(), index: int | None = None) -> bool:
+        """Whether call ``node`` yields code-written SQL (with ``index``: the ``index``-th item of a returned tuple)."""
         func = node.func
         if isinstance(func, ast.Name) and func.id in ("int", "len", "range"):
             return True  # numbers
@@ -383,10 +388,10 @@ class Audit:
         if where is None and isinstance(func, ast.Attribute):
             methods = [d for d in self._store_members(func.attr) if isinstance(d[1], ast.FunctionDef)]
             if methods:
-                return all(self._function_returns_safe(m, d) for m, d in methods)
+                return all(self._function_returns_safe(m, d, index) for m, d in methods)
         if where is None:
             return False
-        return self._returns_safe(*where)
+        return self._returns_safe(*where, index=index)
 
     def _store_members(self, name: str) -> list[tuple[str, ast.AST]]:
         """``name`` in the classes of django_fq/storage/: (module, method) or (module, assigned value)."""
@@ -404,29 +409,44 @@ class Audit:
                         found.append((module, item.value))
         return found
 
-    def _function_returns_safe(self, module: str, d: ast.FunctionDef) -> bool:
-        key = (module, f"{d.name}@{d.lineno}")
+    @staticmethod
+    def _part(value: ast.AST, index: int | None) -> ast.AST:
+        """The ``index``-th element of a returned tuple literal, or the whole value."""
+        if index is not None and isinstance(value, ast.Tuple) and index < len(value.elts):
+            return value.elts[index]
+        return value
+
+    @staticmethod
+    def _returns(d: ast.FunctionDef) -> list[ast.Return]:
+        return [n for n in ast.walk(d) if isinstance(n, ast.Return)]
+
+    def _function_returns_safe(self, module: str, d: ast.FunctionDef, index: int | None = None) -> bool:
+        if not any(isinstance(r.value, ast.Tuple) for r in self._returns(d)):
+            index = None  # no tuple returned: every part is the whole value (one cache entry)
+        key = (module, f"{d.name}@{d.lineno}[{index}]")
         if key in self.returns_cache:
             return self.returns_cache[key]
         self.returns_cache[key] = True  # recursion: assume, then check
         ok = all(
-            ret.value is None or self.safe(module, ret.value, ret.value)
+            ret.value is None or self.safe(module, self._part(ret.value, index), ret.value)
             for ret in (n for n in ast.walk(d) if isinstance(n, ast.Return))
         )
         self.returns_cache[key] = ok
         return ok
 
-    def _returns_safe(self, module: str, name: str) -> bool:
-        key = (module, name)
+    def _returns_safe(self, module: str, name: str, index: int | None = None) -> bool:
+        tree = self.modules[module]
+        defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+        if not any(isinstance(r.value, ast.Tuple) for d in defs for r in self._returns(d)):
+            index = None  # no tuple returned: every part is the whole value (one cache entry)
+        key = (module, f"{name}[{index}]")
         if key in self.returns_cache:
             return self.returns_cache[key]
         self.returns_cache[key] = True  # recursion: assume, then check
-        tree = self.modules[module]
-        defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
         ok = bool(defs)
         for d in defs:
             for ret in (n for n in ast.walk(d) if isinstance(n, ast.Return)):
-                if ret.value is not None and not self.safe(module, ret.value, ret.value):
+                if ret.value is not None and not self.safe(module, self._part(ret.value, index), ret.value):
                     ok = False
         self.returns_cache[key] = ok
         return ok

@@ -236,3 +236,76 @@ def test_prune_keeps_members_of_an_unfinished_batch_and_drops_finished_batches(q
     fq.prune(retention_ms=0)
     assert not Batch.objects.exists() and not BatchMember.objects.exists()
     assert not Job.objects.filter(queue__name=q).exists()
+
+
+def test_cancel_of_a_large_batch_is_set_based_and_keeps_what_cancel_means(q):
+    """1,200 members in every state: a bounded number of statements per 500 members (was a
+    transaction per member), the same outcome as ``cancel`` of each one."""
+    from django.db import connections
+    from django.test.utils import CaptureQueriesContext
+
+    from django_fq import conf
+    from django_fq.exceptions import ReceiptCancelled
+
+    fq.configure(q, max_attempts=1)
+    outside = fq.enqueue("tests:svc-outside", "outside-dependency").id  # nobody claims it
+    b = batches.create(q, callback=(REPORTS, "r"))
+    items = [{"payload": {"i": i}} for i in range(1190)]
+    items += [{"payload": {"i": "later"}, "delay_ms": 3_600_000} for _ in range(5)]
+    items += [{"payload": {"i": "waits"}, "depends_on": [outside]} for _ in range(5)]
+    ids = [r.id for r in batches.add(b.id, items)]
+    # Finished before the cancel: 3 succeeded, 2 dead; 4 running when it comes.
+    done = [finish(q, "succeeded") for _ in range(3)]
+    dead = [finish(q, "dead") for _ in range(2)]
+    running = [claim_one(q) for _ in range(4)]
+    # Dependents outside the batch, one per policy, on a queued member.
+    member = ids[100]
+    dep_cancel = fq.enqueue(q, "dep-cancel", depends_on=[member]).id
+    dep_run = fq.enqueue(q, "dep-run", depends_on=[{"id": member, "on_failure": "run"}]).id
+    before = fq.stats(q).totals
+    with CaptureQueriesContext(connections[conf.database()]) as queries:
+        info = batches.cancel(b.id)
+    unfinished = len(ids) - 5
+    assert (info.state, info.succeeded, info.dead, info.cancelled) == ("cancelled", 3, 2, unfinished)
+    states = {i: fq.get(q, i).state for i in ids}
+    assert {i for i, s in states.items() if s == "succeeded"} == set(done)
+    assert {i for i, s in states.items() if s == "dead"} == set(dead)
+    assert sum(s == "cancelled" for s in states.values()) == unfinished
+    # Three chunks of at most 500: a bounded number of statements each (one job's cancel took ~10).
+    assert len(queries) <= 60, len(queries)
+    # A running member's receipt now says it was cancelled; its history has the cancel entry.
+    with pytest.raises(ReceiptCancelled):
+        fq.ack(q, running[0].receipt)
+    got = fq.get(q, running[1].id)
+    assert got.errors[-1]["kind"] == "cancel" and got.errors[-1]["error"] == "cancelled"
+    assert got.errors[-1]["attempt"] == 1
+    waits = fq.get(q, ids[-1])
+    assert waits.state == "cancelled" and [e["kind"] for e in waits.errors] == ["cancel"]
+    # The dependents' policies: the default cancels, "run" releases.
+    assert fq.get(q, dep_cancel).state == "cancelled"
+    assert fq.get(q, dep_run).state == "ready"
+    # Queue counters: every cancelled job once (the members and the cancelled dependent).
+    after = fq.stats(q).totals
+    assert after["cancelled"] - before["cancelled"] == unfinished + 1
+    assert fq.stats(q).counts["running"] == 0
+    # No callback, ever; cancelling again changes nothing.
+    assert callbacks() == []
+    again = batches.cancel(b.id)
+    assert (again.succeeded, again.dead, again.cancelled) == (3, 2, unfinished)
+    assert fq.stats(q).totals["cancelled"] == after["cancelled"]
+
+
+def test_cancel_of_a_batch_keeps_the_newest_history_entries(q):
+    """A member whose history is full drops its oldest entry for the cancel's, as ``cancel`` does."""
+    fq.configure(q, max_attempts=1000)
+    b = batches.create(q)
+    [m] = batches.add(b.id, [{"payload": 1}])
+    for n in range(100):
+        job = claim_one(q)
+        fq.nack(q, job.receipt, error=f"try {n}", delay_ms=0)
+    assert len(fq.get(q, m.id).errors) == 100
+    batches.cancel(b.id)
+    errors = fq.get(q, m.id).errors
+    assert len(errors) == 100
+    assert errors[0]["error"] == "try 1" and errors[-2]["error"] == "try 99"
+    assert errors[-1]["kind"] == "cancel"

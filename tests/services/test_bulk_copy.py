@@ -22,6 +22,7 @@ from django_fq.exceptions import InvalidJson, PayloadTooLarge, QueueFull
 from django_fq.models import Job, Queue
 from django_fq.services import _base
 from django_fq.storage import postgres
+from tests.listening import listening
 
 from .helpers import QUEUE, rows
 
@@ -49,15 +50,6 @@ def _stored(queue: str) -> list[tuple]:
             "claimed_at", "finished_at", "result",
         )
     )  # fmt: skip
-
-
-def _listener():
-    import psycopg
-
-    params = connection.get_connection_params()
-    for key in ("cursor_factory", "context", "prepare_threshold"):
-        params.pop(key, None)
-    return psycopg.connect(**params, autocommit=True)
 
 
 # --- what is written -----------------------------------------------------------------------------
@@ -263,8 +255,7 @@ def test_a_failure_in_the_middle_of_the_copy_writes_nothing_and_wakes_no_one(mon
     monkeypatch.setattr(postgres, "new_uids", clashing)
     monkeypatch.setattr(postgres, "COPY_CHUNK_CHARS", 512)  # many chunks: the failure comes mid-stream
     items = [{"payload": {"i": i, "pad": "p" * 40}} for i in range(N)]
-    with _listener() as listener:
-        listener.execute(f"LISTEN {db.NOTIFY_CHANNEL}")
+    with listening() as listener:
         if caller_transaction:
             with transaction.atomic():
                 fq.enqueue("tests:svc.other", {"kept": True})
@@ -289,8 +280,7 @@ def test_a_failure_in_the_middle_of_the_copy_writes_nothing_and_wakes_no_one(mon
 @pytest.mark.postgres_only
 def test_a_committed_batch_wakes_listeners_once():
     fq.configure(QUEUE)
-    with _listener() as listener:
-        listener.execute(f"LISTEN {db.NOTIFY_CHANNEL}")
+    with listening() as listener:
         fq.enqueue_many(QUEUE, [{"payload": i} for i in range(N)])
         fq.enqueue("tests:svc.other", 1)
         heard = [note.payload for note in listener.notifies(timeout=10, stop_after=2)]

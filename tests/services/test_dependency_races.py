@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from django_fq import services as fq
 from django_fq.models import Job
 from tests.adversarial.helpers import Background, wait_for_lock_waiter
+from tests.listening import listening
 
 from .helpers import QUEUE
 
@@ -135,20 +136,12 @@ def test_an_enqueue_waits_for_the_ack_of_its_dependency():
 
 @pytest.mark.postgres_only
 def test_the_release_wakes_the_dependents_queue_at_commit():
-    import psycopg
-
-    from django_fq.db import NOTIFY_CHANNEL
-
     other = "tests:svc-woken"
     fq.configure(QUEUE)
     a = fq.enqueue(QUEUE, "a").id
     fq.enqueue(other, "b", depends_on=[a])
     (job,) = fq.claim(QUEUE)
-    params = connection.get_connection_params()
-    for key in ("cursor_factory", "context", "prepare_threshold"):
-        params.pop(key, None)
-    with psycopg.connect(**params, autocommit=True) as listener:
-        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+    with listening() as listener:
         fq.ack(QUEUE, job.receipt)
         got = next(listener.notifies(timeout=5), None)
     assert got is not None and got.payload == other

@@ -78,3 +78,39 @@ def test_the_callers_transaction_keeps_its_durability():
             cur.execute("SHOW synchronous_commit")
             assert cur.fetchone()[0] == "on"
     assert not relaxed(seen)
+
+
+def test_the_releasing_ack_relaxes_its_commit_in_its_locking_statement():
+    """The ack of a job others depend on: the lock statement itself turns the flush off (no
+    ``SET LOCAL`` round trip of its own), and its dependent is released."""
+    up = fq.enqueue(Q, {"n": 1}).id
+    dependent = fq.enqueue(Q, {"n": 2}, depends_on=[up]).id
+    job = fq.claim(Q)[0]
+    assert job.id == up and job.has_dependents
+    settings_seen: list[str] = []
+
+    def record(execute, sql, params, many, context):
+        out = execute(sql, params, many, context)
+        if "FOR UPDATE OF l" in sql and "set_config('synchronous_commit'" in sql:
+            # Read on the same connection (another cursor), inside the ack's transaction, after the lock.
+            with connection.cursor() as cur:
+                cur.execute("SELECT current_setting('synchronous_commit')")
+                settings_seen.append(cur.fetchone()[0])
+        return out
+
+    with statements() as seen, connection.execute_wrapper(record):
+        fq.ack_many(Q, [(job.receipt, None)], has_dependents=[up])
+    assert settings_seen == ["off"]
+    assert not any(sql.lstrip().upper().startswith("SET LOCAL") for sql in seen)
+    assert fq.get(Q, dependent).state == "ready"
+    # Inside the caller's transaction nothing changes its durability.
+    up2 = fq.enqueue(Q, {"n": 3}).id
+    fq.enqueue(Q, {"n": 4}, depends_on=[up2])
+    with transaction.atomic():
+        job = fq.claim(Q)[0]
+        with statements() as seen:
+            fq.ack_many(Q, [(job.receipt, None)], has_dependents=[up2])
+        with connection.cursor() as cur:
+            cur.execute("SHOW synchronous_commit")
+            assert cur.fetchone()[0] == "on"
+    assert not relaxed(seen)

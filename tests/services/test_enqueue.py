@@ -23,6 +23,7 @@ from django_fq.exceptions import (
 )
 from django_fq.models import IdempotencyToken
 from django_fq.types import EnqueueResult
+from tests.listening import listening
 
 from .helpers import QUEUE, claim_one, rows
 
@@ -562,17 +563,8 @@ def test_commit_of_the_callers_transaction_keeps_the_job():
 @pytest.mark.postgres_only
 @pytest.mark.django_db(transaction=True)
 def test_rollback_wakes_no_worker_and_commit_does():
-    import psycopg
-
-    from django_fq.db import NOTIFY_CHANNEL
-
     fq.configure(QUEUE)
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    params.pop("prepare_threshold", None)
-    with psycopg.connect(**params, autocommit=True) as listener:
-        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+    with listening() as listener:
         with pytest.raises(RuntimeError), transaction.atomic():
             fq.enqueue(QUEUE, {"n": 1})
             raise RuntimeError

@@ -13,7 +13,7 @@ from django.db import connection
 from django_fq import checks, conf, storage
 from django_fq.storage.mysql import BINARY_COLUMNS, MysqlStore, ServerFacts, server_findings
 
-TABLES = ["django_fq_queue", "django_fq_job", "django_fq_lease", "django_fq_token", "django_fq_counter", "django_fq_payload", "django_fq_claim_floor", "django_fq_key", "django_fq_rate", "django_fq_rate_log", "django_fq_key_claim", "django_fq_dependency", "django_fq_batch", "django_fq_batch_member"]
+TABLES = ["django_fq_queue", "django_fq_job", "django_fq_lease", "django_fq_token", "django_fq_counter", "django_fq_payload", "django_fq_claim_floor", "django_fq_key", "django_fq_rate", "django_fq_rate_log", "django_fq_key_claim", "django_fq_dependency", "django_fq_batch", "django_fq_batch_member", "django_fq_worker", "django_fq_minute"]
 MIB = 1024 * 1024
 
 

@@ -15,6 +15,7 @@ import pytest
 from django.db import DatabaseError, OperationalError, connection, connections, transaction
 
 from django_fq import db, storage
+from tests.listening import listen_alias
 
 
 def _driver_error(sql: str) -> BaseException:
@@ -78,6 +79,8 @@ def test_a_refused_connection_is_unavailable_and_a_bad_statement_is_not():
 @pytest.mark.django_db(transaction=True)
 def test_listen_hears_a_committed_notify_where_the_database_can_notify():
     store = storage.for_connection(connection)
+    # It listens where the wakeup listener would (FQ_LISTEN_DATABASE: a direct alias behind a pooler).
+    listener_store = storage.get(listen_alias())
     stop = threading.Event()
     if not store.supports_listen_notify:
         with pytest.raises(NotImplementedError):
@@ -92,7 +95,9 @@ def test_listen_hears_a_committed_notify_where_the_database_can_notify():
 
     def run() -> None:
         try:
-            store.listen(db.NOTIFY_CHANNEL, stop=stop, on_listening=listening.set, on_note=on_note, timeout_s=0.1)
+            listener_store.listen(
+                db.NOTIFY_CHANNEL, stop=stop, on_listening=listening.set, on_note=on_note, timeout_s=0.1
+            )
         except Exception as exc:  # pragma: no cover - reported below
             failed.append(exc)
             listening.set()

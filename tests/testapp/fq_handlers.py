@@ -152,6 +152,12 @@ def rate_limited(job):
     return None
 
 
+@handler("t.noop")
+def noop(job):
+    """Nothing to do: the drain tests read the leases and the worker's claim lines."""
+    return None
+
+
 @handler("t.keyrate")
 def key_rate_limited(job):
     """Nothing to do: the per-key rate-limit tests read the claim instants the database recorded."""

@@ -169,3 +169,27 @@ def test_held_lines_write_once_in_order(only_handler):
         assert writes == []
     assert len(writes) == 1
     assert [line.split("job=")[1] for line in TIME.sub("", writes[0]).splitlines()] == ["0", "1", "2", "3", "4"]
+
+
+@pytest.mark.parametrize(
+    ("job_id", "queue", "attempts", "max_attempts"),
+    [
+        (f"{7:032x}", "t.ok", 1, 25),
+        ("a b", "t.ok", 1, 25),  # an id written by hand that needs quoting
+        (f"{7:032x}", 'q"x', 3, 5),
+        ("", "t.ok", 1, 1),
+        (f"{7:032x}", "t.ok", True, 25),  # not a plain int: the generic path
+        (f"{7:032x}", "t=ok", 2, 2),
+    ],
+)
+def test_job_fields_text_is_fields_text_of_where(job_id, queue, attempts, max_attempts):
+    # The per-job part of every job line (Running.logged) takes a shortcut; its text and fields are fields_text's.
+    generic = logs.fields_text({"job": job_id, "queue": queue, "attempt": f"{attempts}/{max_attempts}"})
+    assert logs.job_fields_text(job_id, queue, attempts, max_attempts) == generic
+    claimed = ClaimedJob(
+        id=job_id, queue=queue, receipt="", payload=None, attempts=attempts, max_attempts=max_attempts,
+        priority=0, deadline=10_000, enqueued_at=1, claimed_at=2,
+    )  # fmt: skip
+    assert Running(claimed, 30_000, time.monotonic(), time.monotonic(), 1 / 3).logged() == logs.fields_text(
+        Running(claimed, 30_000, time.monotonic(), time.monotonic(), 1 / 3).where()
+    )

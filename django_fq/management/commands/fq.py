@@ -37,6 +37,7 @@ from django.utils.connection import ConnectionDoesNotExist
 from ... import backup, batches, conf, health, services, workflows
 from ...exceptions import FqError, InvalidArgument, InvalidBackup, InvalidJson
 from ...services import dependencies
+from ...services.history import history_series
 from ...types import STATE_NAMES, TOTAL_NAMES
 from ...validation import file_path, parse_json
 
@@ -277,8 +278,25 @@ class Command(BaseCommand):
         p.add_argument("--count", type=_integer, default=20, metavar="N", help="page size (1-1000, default 20)")
         p.add_argument("--tag", metavar="TAG", help='only jobs whose metadata "tags" hold TAG (exact)')
 
+        p = op(
+            "workers",
+            "List the worker processes (host, pid, queues, concurrency, jobs running, last heartbeat, version); "
+            "a worker with no heartbeat for 3 intervals is shown as gone.",
+        )
+        p.add_argument("--state", choices=("live", "gone"), help="only workers in this state")
+        p.add_argument("--queue", metavar="QUEUE", help="only workers serving this queue")
+
         p = op("stats", "Show counts per state, totals, and wait/run time sums of a queue.")
         queue(p)
+
+        p = op(
+            "history",
+            "Show the per-minute history (enqueued, succeeded, failed, dead; wait and run time median/p95) of a "
+            "queue, or of every queue, over the last hour, day or week (docs/reference/history.md).",
+        )
+        queue(p, optional=True)
+        p.add_argument("--span", default="hour", metavar="SPAN", help="hour (1-minute buckets, the default), day (15 min) or week (1 h)")
+        p.add_argument("--all", dest="all_buckets", action="store_true", help="list empty buckets too")
 
         p = op("wait", "Block until a job succeeded, died or was cancelled; print it.")
         queue(p)
@@ -431,6 +449,31 @@ class Command(BaseCommand):
             body = [
                 [r["name"], *(r["counts"][s] for s in STATE_NAMES), r["policy"]["concurrency"],
                  r["policy"]["max_attempts"], r["policy"]["visibility_ms"], "yes" if r["paused"] else "no"]
+                for r in rows
+            ]  # fmt: skip
+            return _table(head, body)
+
+        self._emit(data, human)
+
+    def do_workers(self, o):
+        try:
+            found = services.workers(state=o.get("state"), queue=o.get("queue"))
+        except InvalidArgument as exc:
+            if exc.field == "queue":  # the option here, not an argument QUEUE
+                exc.field = "--queue"
+            raise
+        data = [asdict(w) for w in found]
+
+        def human(rows):
+            if not rows:
+                return "no workers"
+            several = len({r["database"] for r in rows}) > 1
+            head = ["WORKER", "HOST", "PID", "QUEUES", "CONCURRENCY", "RUNNING", "POOL", "VERSION", "STARTED (UTC)",
+                    "HEARTBEAT", "STATE", *(["DATABASE"] if several else [])]  # fmt: skip
+            body = [
+                [r["worker_id"], r["host"], r["pid"], ",".join(r["queues"]), r["concurrency"], r["running"], r["pool"],
+                 r["version"], _utc(r["started_at"]), f"{r['age_ms'] / 1000:.1f} s ago", r["state"],
+                 *([r["database"]] if several else [])]
                 for r in rows
             ]  # fmt: skip
             return _table(head, body)
@@ -697,6 +740,33 @@ class Command(BaseCommand):
 
         self._emit(data, human)
 
+    def do_history(self, o):
+        data = history_series(o["queue"], o["span"])
+
+        def times(t):
+            if not t["count"]:
+                return "-"
+            return f"{t['median']:g} / {t['p95']:g} ms"
+
+        def human(d):
+            t = d["totals"]
+            head = ["bucket (UTC)", "enqueued", "succeeded", "failed", "dead", "wait med/p95", "run med/p95"]
+            body = [
+                [_when(b["start"]).split("(")[-1].rstrip(")"), b["enqueued"], b["succeeded"], b["failed"], b["dead"],
+                 times(b["wait_ms"]), times(b["run_ms"])]
+                for b in d["buckets"]
+                if o["all_buckets"] or b["enqueued"] or b["succeeded"] or b["failed"] or b["dead"] or b["wait_ms"]["count"]
+            ]  # fmt: skip
+            lines = [
+                f"history of {d['queue'] or 'every queue'}, last {d['span']}, buckets of {d['step_ms'] // 60_000} min",
+                f"totals: enqueued {t['enqueued']}, succeeded {t['succeeded']}, failed {t['failed']}, dead {t['dead']}; "
+                f"wait {times(t['wait_ms'])}, run {times(t['run_ms'])} (median / p95, within 9.1 %)",
+            ]
+            lines.append(_table(head, body) if body else "(no activity in this span)")
+            return "\n".join(lines)
+
+        self._emit(data, human)
+
     # --- maintenance ----------------------------------------------------------------------------
 
     def do_reap(self, o):
@@ -707,7 +777,10 @@ class Command(BaseCommand):
         res = services.prune(retention_ms=o["retention_ms"], limit=o["limit"])
         self._emit(
             asdict(res),
-            lambda d: f"pruned {d['jobs']} job(s), {d['tokens']} token(s), {d['queues']} queue(s) past their ttl_ms",
+            lambda d: (
+                f"pruned {d['jobs']} job(s), {d['tokens']} token(s), {d['queues']} queue(s) past their ttl_ms"
+                f", {d['workers']} gone worker(s), {d['history']} history row(s)"
+            ),
         )
 
     def do_health(self, o):
@@ -1040,6 +1113,14 @@ def _when(ms) -> str:
     except (OverflowError, OSError, ValueError):
         return str(ms)
     return f"{ms} ({iso.replace('+00:00', 'Z')})"
+
+
+def _utc(ms: int) -> str:
+    """Epoch ms as ``2026-12-03 15:04:05`` (UTC), for a table cell."""
+    try:
+        return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, OSError, ValueError):
+        return str(ms)
 
 
 def _dumps(value) -> str:

@@ -35,7 +35,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, OperationalError, connections
 
-from django_fq import conf, services, storage
+from django_fq import routing, services, storage
 from django_fq.checks import HandlerLoadError, load_handlers
 from django_fq.exceptions import InvalidArgument, QueueNotFound
 from django_fq.worker import (
@@ -237,7 +237,7 @@ class Command(BaseCommand):
             raise _cannot_listen(addr, port, exc) from None
 
     def _check_database(self, options: dict) -> None:
-        """SQLite: run the database checks on ``FQ_DATABASE`` before working, as ``migrate`` does.
+        """SQLite: run the database checks on ``FQ_DATABASE`` (and each SQLite alias of ``FQ_QUEUE_DATABASES``) before working, as ``migrate`` does.
 
         A SQLite file database without WAL (``django_fq.E004``) stops the
         worker here: worker processes and web requests sharing it would block
@@ -245,10 +245,14 @@ class Command(BaseCommand):
         Other databases are not asked anything here, so a worker can start
         while its PostgreSQL server is still coming up (it reconnects).
         """
-        store = None if options.get("skip_checks") else storage.find(connections[conf.database()])
-        if store is None or not store.embedded:
+        if options.get("skip_checks"):
             return
-        self.check(tags=[Tags.database], databases=[conf.database()])
+        embedded = [
+            a for a in routing.aliases()
+            if a in settings.DATABASES and (store := storage.find(connections[a])) is not None and store.embedded
+        ]  # fmt: skip
+        if embedded:
+            self.check(tags=[Tags.database], databases=embedded)
 
     def _supervise(self, opts: WorkerOptions, verbosity: int) -> None:
         """Run ``--processes`` copies of this command (each with one process) under a :class:`Supervisor`."""

@@ -1,0 +1,6 @@
+"""URLs of ``bench/admin_pages.py``: the default admin site at ``/admin/``."""
+
+from django.contrib import admin
+from django.urls import path
+
+urlpatterns = [path("admin/", admin.site.urls)]
