@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import secrets
 from collections import defaultdict, deque
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
@@ -267,25 +268,56 @@ class Workflow:
         return first[1]
 
     def _write(self, levels: list[list[str]], create_queues: bool | Collection[str] = True) -> dict[str, str]:
-        ids: dict[str, str] = {}
+        """Write every step: one ``enqueue_many``-like call per (round, queue), then the round's edges at once.
+
+        A step that cannot coalesce (no idempotency token, no unique key) gets
+        its job id now, so that its dependents may be written in the same
+        call as it, or in the call of another queue. A step that can coalesce
+        is a barrier: its job (new or existing) is known only once it is
+        written, so its dependents go in a later round. A chain of such
+        steps costs a few statements per queue (and per 500 rows), not per
+        level (docs/performance.md "Workflows").
+        """
+        order = [name for level in levels for name in level]
+        rank = {name: i for i, name in enumerate(order)}
+        barrier = {n for n in order if self._coalesces(n)}
+        rounds: dict[str, int] = {}
+        for name in order:
+            rounds[name] = max(
+                (rounds[up.name] + (up.name in barrier) for up, _ in self._after[name] if isinstance(up, Step)),
+                default=0,
+            )
+        planned: dict[str, str] = {n: secrets.token_hex(16) for n in order}
+        ids: dict[str, str] = {n: uid for n, uid in planned.items() if n not in barrier}
+        by_round: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+        for name in order:
+            by_round[rounds[name]][self._steps[name][0]].append(name)
+        by_uid = {uid: rank[n] for n, uid in ids.items()}
         with transaction.atomic(using=conf.database()):
-            for level in levels:
-                by_queue: dict[str, list[str]] = defaultdict(list)
-                for name in level:
-                    by_queue[self._steps[name][0]].append(name)
-                for queue, names in by_queue.items():
+            for r in sorted(by_round):
+                fresh = dependencies.Fresh(ids[n] for names in by_round[r].values() for n in names if n in ids)
+                written: list[tuple[str, list]] = []
+                for queue, names in by_round[r].items():
                     items = [self._envelope(n, ids) for n in names]
                     create = create_queues if isinstance(create_queues, bool) else queue in create_queues
                     try:
-                        results = _enqueue_many(queue, items, create)
+                        results = _enqueue_steps(queue, items, [planned[n] for n in names], fresh, create)
                     except FqError as exc:
                         _name_the_step(exc, names)
                         step = _step_of(exc.field)
                         if self._from_spec and step in self._steps:
                             _under_options(exc, step, self._steps[step][2])
                         raise
-                    ids.update((n, r.id) for n, r in zip(names, results, strict=True))
+                    ids.update((n, res.id) for n, res in zip(names, results, strict=True))
+                    written.append((queue, results))
+                dependencies.attach_fresh(db.connection(), fresh, by_uid.__getitem__)
+                _after_enqueue(written)
         return ids
+
+    def _coalesces(self, name: str) -> bool:
+        """Whether step ``name`` may turn out to be an existing job (an idempotency token or a unique key)."""
+        options = self._steps[name][2]
+        return options.get("idempotency") is not None or options.get("unique_key") is not None
 
     def _envelope(self, name: str, ids: Mapping[str, str]) -> dict:
         _, payload, options = self._steps[name]
@@ -466,10 +498,20 @@ def _resolve(ref: object, made: Mapping[str, Step], groups: Mapping[str, Group],
     raise _bad(f"{who}{field} is not a step of the workflow ({what})", field)
 
 
-def _enqueue_many(queue: str, items: list[dict], create_queue: bool = True):
-    from .services import enqueue_many
+def _enqueue_steps(queue: str, items: list[dict], uids: list[str], fresh, create_queue: bool = True):
+    from .services.enqueue import enqueue_steps
 
-    return enqueue_many(queue, items, create_queue=create_queue)
+    return enqueue_steps(queue, items, uids=uids, fresh=fresh, create_queue=create_queue)
+
+
+def _after_enqueue(written: list[tuple[str, list]]) -> None:
+    """The enqueue hook (the test helpers' inline mode) for each call of a round, once its edges are written."""
+    import importlib
+
+    hook = importlib.import_module("django_fq.services.enqueue").after_enqueue
+    if hook is not None:
+        for queue, results in written:
+            hook(queue, results)
 
 
 def _name_the_step(exc: FqError, names: list[str]) -> None:

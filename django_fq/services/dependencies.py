@@ -18,7 +18,7 @@ there ``wait`` cancels too). The SQL is the store's
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from .. import db, storage, validation
@@ -162,20 +162,24 @@ def _plan(deps: Sequence[Edge], found: Mapping[str, tuple[int, str, int]]) -> _P
     return _Plan(edges, pending, cancelled_by)
 
 
-def check(conn, wanted: Sequence[tuple[str, tuple[Edge, ...]]]) -> dict[str, tuple[int, str, int]]:
+def check(
+    conn, wanted: Sequence[tuple[str, tuple[Edge, ...]]], *, skip: frozenset[str] = frozenset()
+) -> dict[str, tuple[int, str, int]]:
     """In the enqueue's transaction: lock the dependencies of the jobs about to be inserted.
 
     ``wanted``: ``(field prefix, edges)`` per item that has dependencies (the
     prefix is ``""`` for ``enqueue``, ``"items[i]."`` for ``enqueue_many``).
-    Returns ``{uid: (seq, state, queue_id)}``. Raises :class:`InvalidDependency`
-    naming the first item and index whose job does not exist in this database
-    (nothing is written: the caller's transaction rolls back).
+    ``skip``: ids of jobs this transaction inserts (a workflow's steps,
+    :class:`Fresh`): neither locked nor looked for. Returns ``{uid: (seq,
+    state, queue_id)}``. Raises :class:`InvalidDependency` naming the first
+    item and index whose job does not exist in this database (nothing is
+    written: the caller's transaction rolls back).
     """
-    uids = sorted({e.id for _, edges in wanted for e in edges})
-    found = storage.for_connection(conn).lock_dependencies(conn, uids)
+    uids = sorted({e.id for _, edges in wanted for e in edges if e.id not in skip})
+    found = storage.for_connection(conn).lock_dependencies(conn, uids) if uids else {}
     for prefix, edges in wanted:
         for i, e in enumerate(edges):
-            if e.id not in found:
+            if e.id not in found and e.id not in skip:
                 field = f"{prefix}depends_on[{i}]"
                 raise InvalidDependency(f"{field}: no job {e.id} in this database", field=field)
     return found
@@ -225,6 +229,80 @@ def attach(conn, *, now: str, jobs: Sequence[tuple[str, int, tuple[Edge, ...]]],
     for upstream, group in cancel.items():
         state = found[upstream][1]
         _cancel(conn, now, [seq for seq, _ in group], upstream, state)
+
+
+class Fresh:
+    """Jobs one workflow write inserts whose dependencies include other jobs it inserts (docs/how-to/workflows.md).
+
+    ``uids``: the ids given beforehand to the steps that cannot coalesce (no
+    token, no unique key), so that a step may name one still to be inserted,
+    in any queue of the write. The enqueue inserts such a dependent held and
+    leaves its edges here, in ``jobs`` (``(uid, queue_id, edges)``), with
+    its other dependencies locked and read in ``found`` (as :func:`check`
+    returns them); :func:`attach_fresh` writes them once every queue's rows are in.
+    """
+
+    def __init__(self, uids: Collection[str]) -> None:
+        self.uids = frozenset(uids)
+        self.jobs: list[tuple[str, int, tuple[Edge, ...]]] = []
+        self.found: dict[str, tuple[int, str, int]] = {}
+
+
+def attach_fresh(conn, fresh: Fresh, order: Callable[[str], int]) -> None:
+    """Write the edges of ``fresh.jobs``, all at once: :func:`attach` for dependents of jobs just inserted.
+
+    ``order``: a job's rank in dependency order (a job after the jobs it
+    depends on). A dependency on a job of this write is pending, unless that
+    job is cancelled here, by a dependency already dead or cancelled: then the
+    edge's ``on_failure`` decides, as :func:`attach` decides it for a job
+    enqueued after a cancelled one (``cancel`` and ``wait`` cancel it too,
+    ``run`` counts it satisfied). So the cascade of a whole chain is decided
+    in memory and written in a bounded number of statements per 500 jobs,
+    whatever its depth. A job left with no pending edge is released (queued,
+    its key's admission as for any released job).
+    """
+    if not fresh.jobs:
+        return
+    store = storage.for_connection(conn)
+    now = db.now_sql(conn)
+    jobs = sorted(fresh.jobs, key=lambda job: order(job[0]))
+    ups = sorted({e.id for _, _, edges in jobs for e in edges if e.id in fresh.uids})
+    rows_read = store.job_states(conn, sorted({uid for uid, _, _ in jobs} | set(ups)))
+    seqs = {uid: seq for uid, (seq, _) in rows_read.items()}
+    known: dict[str, tuple[int, str, int]] = dict(fresh.found)
+    for uid in ups:
+        # Inserted by this write: held (a dependent of this write, decided below), or queued, waiting or
+        # already cancelled by its own dependencies (attach).
+        known[uid] = (seqs[uid], rows_read[uid][1], 0)
+    rows: list[tuple[int, int, str, bool, str | None]] = []
+    waiting: list[tuple[int, int]] = []
+    released: list[int] = []
+    cancelled: list[tuple[int, str, str]] = []
+    at = None
+    for uid, queue_id, edges in jobs:
+        plan = _plan(edges, known)
+        seq = seqs[uid]
+        rows += [(seq, up, policy, pending, name) for up, policy, pending, name in plan.edges]
+        if plan.cancelled_by is not None:
+            at = db.db_now_ms() if at is None else at
+            message = f"cancelled: dependency {plan.cancelled_by} is {known[plan.cancelled_by][1]}"
+            entry = json.dumps(history_entry(at, 0, "cancel", message), separators=(",", ":"))
+            cancelled.append((seq, message, entry))
+            known[uid] = (seq, "cancelled", queue_id)
+        elif plan.pending:
+            waiting.append((seq, plan.pending))
+        else:
+            released.append(seq)
+    store.flag_dependents(conn, [seqs[u] for u in ups])
+    store.insert_dependencies(conn, rows)
+    # Cancelled and released ones are made waiting first, so that the one cancel path and the one
+    # release path write them.
+    store.mark_waiting(conn, waiting + [(seq, 1) for seq, _, _ in cancelled] + [(seq, 1) for seq in released])
+    if cancelled:
+        gone = store.cancel_waiting_each(conn, now=now, rows=cancelled)
+        _counted_cancel(conn, gone)
+    if released:
+        _release(conn, store.count_down(conn, now=now, counts=dict.fromkeys(released, 1)))
 
 
 def finished(conn, seqs: Sequence[int], outcome: str) -> None:
@@ -318,6 +396,12 @@ def _cancel(conn, now: str, seqs: Sequence[int], upstream: str, state: str) -> l
     at = db.db_now_ms()
     entry = json.dumps(history_entry(at, 0, "cancel", message), separators=(",", ":"))
     gone = storage.for_connection(conn).cancel_waiting(conn, now=now, seqs=seqs, error=message, entry_json=entry)
+    _counted_cancel(conn, gone)
+    return gone
+
+
+def _counted_cancel(conn, gone: list[dict]) -> None:
+    """Waiting jobs ``gone`` were just cancelled: count them in their batches and per queue."""
     from .. import batches
 
     flagged = [r["seq"] for r in gone if r["has_dependents"]]  # a batch member is flagged
@@ -328,7 +412,6 @@ def _cancel(conn, now: str, seqs: Sequence[int], upstream: str, state: str) -> l
         per_queue[r["queue_id"]] = per_queue.get(r["queue_id"], 0) + 1
     for queue_id, n in per_queue.items():
         add_counters(conn, queue_id, cancelled=n, active=-n)
-    return gone
 
 
 #: Dependents ``get`` lists at most (a job's dependencies are bounded by :data:`MAX_DEPENDENCIES`).

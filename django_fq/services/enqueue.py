@@ -203,6 +203,17 @@ def enqueue_many(queue: str, items: Iterable[Mapping], *, create_queue: bool = T
     (the error's ``field`` is prefixed with ``items[i].``) and writes nothing.
     ``create_queue`` and the errors: as for :func:`enqueue`.
     """
+    parsed = _parse_batch(queue, items)
+    if not parsed:
+        return []
+    results = _write(queue, parsed, batch=True, create=create_queue)
+    if after_enqueue is not None:
+        after_enqueue(queue, results)
+    return results
+
+
+def _parse_batch(queue: str, items: Iterable[Mapping]) -> list[_Item]:
+    """The items of ``enqueue_many``, through the enqueue middleware and validated (errors name ``items[i]``)."""
     validation.queue_name(queue)
     limit = conf.max_payload_bytes()
     chain = middleware.enqueue_chain()
@@ -211,13 +222,31 @@ def enqueue_many(queue: str, items: Iterable[Mapping], *, create_queue: bool = T
         parsed = [_parse_item(i, raw, limit, encode) for i, raw in enumerate(items)]
     else:
         parsed = [_parse_item(i, _through(chain, queue, i, raw), limit, encode) for i, raw in enumerate(items)]
+    dependencies.check_total((f"items[{i}].", it.depends_on) for i, it in enumerate(parsed))
+    return parsed
+
+
+def enqueue_steps(
+    queue: str, items: list[Mapping], *, uids: list[str], fresh: dependencies.Fresh, create_queue: bool = True
+) -> list[EnqueueResult]:
+    """``enqueue_many`` for the workflow builder: the jobs' ids given, dependencies on jobs of the same write allowed.
+
+    ``uids``: one id per item (32 lowercase hex characters, new): the job's id
+    when the item creates one. An item's ``depends_on`` may name ids of
+    ``fresh.uids``, jobs this transaction inserts (in this call or another,
+    before or after it): such an item is inserted held, its edges left in
+    ``fresh`` for :func:`~django_fq.services.dependencies.attach_fresh`, which
+    the caller runs once every one of them is inserted, in the same
+    transaction; its other dependencies are locked and read here, as
+    ``enqueue_many`` does. The caller runs ``after_enqueue`` (the inline
+    mode's hook) after that. Must run inside a transaction. Raises the errors
+    of ``enqueue_many`` (fields ``items[i]....``).
+    """
+    parsed = _parse_batch(queue, items)
     if not parsed:
         return []
-    dependencies.check_total((f"items[{i}].", it.depends_on) for i, it in enumerate(parsed))
-    results = _write(queue, parsed, batch=True, create=create_queue)
-    if after_enqueue is not None:
-        after_enqueue(queue, results)
-    return results
+    routing.check_transaction(queue)
+    return _write_batch(queue, parsed, batch=True, create=create_queue, uids=uids, fresh=fresh)
 
 
 def _write(queue: str, items: list[_Item], *, batch: bool, create: bool = True) -> list[EnqueueResult]:
@@ -371,10 +400,18 @@ def _batch_id(value: object) -> str | None:
 
 
 def _write_batch(
-    queue: str, items: list[_Item], *, batch: bool, create: bool = True, room: bool = True
+    queue: str,
+    items: list[_Item],
+    *,
+    batch: bool,
+    create: bool = True,
+    room: bool = True,
+    uids: list[str] | None = None,
+    fresh: dependencies.Fresh | None = None,
 ) -> list[EnqueueResult]:
     """Write ``items`` into ``queue`` in the current transaction. ``room=False``: skip the queue-full
-    check (a batch's callback, enqueued by the ack of the batch's last member)."""
+    check (a batch's callback, enqueued by the ack of the batch's last member). ``uids`` and
+    ``fresh``: those of :func:`enqueue_steps`."""
     conn = db.connection()
     db.take_write_lock(conn, queue)
     q = get_or_create_queue(queue, lock=True) if create else get_queue(queue, lock=True)
@@ -388,7 +425,7 @@ def _write_batch(
     if any(it.at is not None for it in items):
         _check_horizon(conn, now, items, batch)
 
-    uids = [secrets.token_hex(16) for _ in items]
+    uids = list(uids) if uids is not None else [secrets.token_hex(16) for _ in items]
     first_by_token: dict[str, int] = {}
     for i, it in enumerate(items):
         if it.token is not None:
@@ -430,10 +467,14 @@ def _write_batch(
 
     with_deps = {i: deps for i in new if (deps := items[i].depends_on)}
     wanted = [(f"items[{i}]." if batch else "", deps) for i, deps in with_deps.items()]
-    found = dependencies.check(conn, wanted) if wanted else {}
+    skip = fresh.uids if fresh is not None else frozenset()
+    found = dependencies.check(conn, wanted, skip=skip) if wanted else {}
+    # Dependents of jobs this write inserts (a workflow's): their edges wait for attach_fresh.
+    later = {i for i, deps in with_deps.items() if any(e.id in skip for e in deps)} if skip else set()
     # A job that will wait for dependencies (or be cancelled by one) is inserted held: outside the
     # claim index until attach() makes it waiting, and no slot of its key (its release admits it).
-    states: dict[int, str] = dict.fromkeys(dependencies.parked(with_deps, found), "held")
+    now_known = {i: deps for i, deps in with_deps.items() if i not in later}
+    states: dict[int, str] = dict.fromkeys([*dependencies.parked(now_known, found), *later], "held")
     keyed_new: list[int] = []
     if new:
         if room:
@@ -483,9 +524,13 @@ def _write_batch(
         batches.join(conn, joined)
     if wanted:  # the created jobs' edges; a job coalesced onto another keeps that one's dependencies
         made = {r.id for r in results if r.created}
-        jobs = [(uids[i], q.id, deps) for i, deps in with_deps.items() if uids[i] in made]
+        jobs = [(uids[i], q.id, deps) for i, deps in now_known.items() if uids[i] in made]
         if jobs:
             dependencies.attach(conn, now=now, jobs=jobs, found=found)
+        if later:
+            assert fresh is not None
+            fresh.jobs += [(uids[i], q.id, with_deps[i]) for i in sorted(later) if uids[i] in made]
+            fresh.found.update(found)
     if keyed_new:  # after attach: the key's held jobs are only the ones admission holds
         admitted = Counter(
             items[i].concurrency_key for i in keyed_new if states[i] == "queued" and uids[i] in created
