@@ -350,6 +350,87 @@ def finished(conn, seqs: Sequence[int], outcome: str) -> None:
                 frontier.append((onward, "cancelled"))
 
 
+def cancel_component(conn, nodes: Mapping[int, dict], unfinished: Sequence[int]) -> None:
+    """Cancel jobs ``unfinished`` (seqs in dependency order, every dependent of each among ``nodes``) as a set.
+
+    ``nodes``: what :func:`component` returns (``{seq: {"uid", "queue",
+    "state"}}``, reported states), for a workflow read whole. The outcome is
+    that of ``cancel`` of each job in turn (``django_fq.workflows.cancel``
+    before): a job not yet cancelled is cancelled directly (its lease ends,
+    its history says ``cancel``); a waiting dependent reached from it by a
+    ``cancel`` or ``wait`` edge is cancelled by that dependency (its history
+    says so), and so on down; a ``run`` edge counts the dependent down, and
+    one left with none is cancelled directly in its turn. Decided in memory
+    from the pending edges (read locked), then written in a bounded number
+    of statements per 500 jobs: counters per queue, key slots given back,
+    batch counts (a dead member's moved to cancelled), edges closed.
+    """
+    from .. import batches
+    from ._base import HISTORY_KEEP
+
+    if not unfinished:
+        return
+    store = storage.for_connection(conn)
+    now = db.now_sql(conn)
+    edges = store.pending_edges(conn, unfinished)
+    out: dict[int, list[tuple[int, str]]] = {}
+    left: dict[int, int] = {}
+    for _, job, upstream, policy in edges:
+        out.setdefault(upstream, []).append((job, policy))
+        left[job] = left.get(job, 0) + 1
+    waiting = {seq for seq in unfinished if nodes[seq]["state"] == "waiting"}
+    direct: list[int] = []
+    by: dict[int, int] = {}  # seq -> the upstream whose cancel cancels it
+    done: set[int] = set()
+    for seq in unfinished:
+        if seq in done:
+            continue
+        done.add(seq)
+        direct.append(seq)
+        stack = [seq]
+        while stack:  # the cascade of finished(): each pending edge out of a job just cancelled
+            up = stack.pop()
+            for job, policy in out.get(up, ()):
+                if job in done or job not in waiting:
+                    continue
+                if policy == "run":
+                    left[job] -= 1
+                    if left[job] <= 0:
+                        waiting.discard(job)  # released: cancelled directly in its turn
+                    continue
+                done.add(job)
+                by[job] = up
+                stack.append(job)
+    gone = store.cancel_unfinished(conn, now=now, seqs=direct, keep=HISTORY_KEEP, dead=True)
+    if by:
+        at = db.db_now_ms()
+        rows = []
+        for seq, up in by.items():
+            message = f"cancelled: dependency {nodes[up]['uid']} is cancelled"
+            rows.append((seq, message, json.dumps(history_entry(at, 0, "cancel", message), separators=(",", ":"))))
+        gone += [{**r, "state": "waiting", "concurrency_key": None} for r in store.cancel_waiting_each(conn, now=now, rows=rows)]
+    if not gone:
+        return
+    per_queue: dict[int, list[dict]] = {}
+    for r in gone:
+        per_queue.setdefault(r["queue_id"], []).append(r)
+    for queue_id, rows_of in sorted(per_queue.items()):
+        active = sum(1 for r in rows_of if r["state"] != "dead")
+        add_counters(conn, queue_id, cancelled=len(rows_of), active=-active)
+        # A queued or running job of a key held one of its slots (a waiting or held one none).
+        freed = [r["concurrency_key"] for r in rows_of if r["state"] in ("queued", "running")]
+        if any(k is not None for k in freed):
+            keys.give_back(conn, queue_id=queue_id, queue=nodes[rows_of[0]["seq"]]["queue"], freed=freed)
+    dead = [r["seq"] for r in gone if r["state"] == "dead" and r["has_dependents"]]
+    if dead:  # a dead batch member now counts as cancelled
+        batches.unsettle(conn, dead, "dead")
+    flagged = [r["seq"] for r in gone if r["has_dependents"]]  # a batch member is flagged
+    if flagged:
+        batches.settle(conn, flagged, "cancelled")
+    cancelled = {r["seq"] for r in gone}
+    store.close_edges(conn, [edge_id for edge_id, _, upstream, _ in edges if upstream in cancelled])
+
+
 def _release(conn, released: list[dict]) -> None:
     """Jobs ``released`` (as ``count_down`` returns them) are queued now: wake their queues' workers.
 
