@@ -312,7 +312,7 @@ class Workflow:
                     written.append((queue, results))
                 dependencies.attach_fresh(db.connection(), fresh, by_uid.__getitem__)
                 _after_enqueue(written)
-        return ids
+        return {n: ids[n] for n in order}
 
     def _coalesces(self, name: str) -> bool:
         """Whether step ``name`` may turn out to be an existing job (an idempotency token or a unique key)."""
