@@ -18,7 +18,7 @@ there ``wait`` cancels too). The SQL is the store's
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from .. import db, storage, validation
@@ -242,7 +242,7 @@ class Fresh:
     returns them); :func:`attach_fresh` writes them once every queue's rows are in.
     """
 
-    def __init__(self, uids: Collection[str]) -> None:
+    def __init__(self, uids: Iterable[str]) -> None:
         self.uids = frozenset(uids)
         self.jobs: list[tuple[str, int, tuple[Edge, ...]]] = []
         self.found: dict[str, tuple[int, str, int]] = {}
@@ -408,7 +408,8 @@ def cancel_component(conn, nodes: Mapping[int, dict], unfinished: Sequence[int])
         for seq, up in by.items():
             message = f"cancelled: dependency {nodes[up]['uid']} is cancelled"
             rows.append((seq, message, json.dumps(history_entry(at, 0, "cancel", message), separators=(",", ":"))))
-        gone += [{**r, "state": "waiting", "concurrency_key": None} for r in store.cancel_waiting_each(conn, now=now, rows=rows)]
+        cascaded = store.cancel_waiting_each(conn, now=now, rows=rows)
+        gone += [{**r, "state": "waiting", "concurrency_key": None} for r in cascaded]
     if not gone:
         return
     per_queue: dict[int, list[dict]] = {}

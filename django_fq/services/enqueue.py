@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple, cast
 
 from django.db import IntegrityError
@@ -227,7 +227,7 @@ def _parse_batch(queue: str, items: Iterable[Mapping]) -> list[_Item]:
 
 
 def enqueue_steps(
-    queue: str, items: list[Mapping], *, uids: list[str], fresh: dependencies.Fresh, create_queue: bool = True
+    queue: str, items: Sequence[Mapping], *, uids: list[str], fresh: dependencies.Fresh, create_queue: bool = True
 ) -> list[EnqueueResult]:
     """``enqueue_many`` for the workflow builder: the jobs' ids given, dependencies on jobs of the same write allowed.
 

@@ -52,6 +52,8 @@ class DependencySql:
     share_lock_sql: ClassVar[str] = " FOR SHARE"
     update_lock_sql: ClassVar[str]
 
+    #: A parameter holding JSON text, where a JSON column's value is a branch of a ``CASE`` (PostgreSQL: a cast).
+    json_param_sql: ClassVar[str] = "%s"
     #: Values per statement of the methods below (PostgreSQL passes arrays, so it takes more at once).
     dependency_chunk: ClassVar[int] = CHUNK
 
@@ -264,15 +266,19 @@ class DependencySql:
                     f"AND state = 'waiting' ORDER BY seq{self.update_lock_sql}",
                     params,
                 )
-                found = [{"seq": int(s), "uid": u, "queue_id": int(q), "has_dependents": bool(h)} for s, u, q, h in cur.fetchall()]
+                found = [
+                    {"seq": int(s), "uid": u, "queue_id": int(q), "has_dependents": bool(h)}
+                    for s, u, q, h in cur.fetchall()
+                ]
                 if not found:
                     continue
                 seqs = [r["seq"] for r in found]
                 cases = " ".join(["WHEN %s THEN %s"] * len(seqs))
+                json_cases = " ".join([f"WHEN %s THEN {self.json_param_sql}"] * len(seqs))
                 where, params = self.in_sql("seq", seqs)
                 cur.execute(
                     f"UPDATE {_JOB} SET state = 'cancelled', waiting_on = 0, finished_at = {now}, changed_at = {now}, "
-                    f"last_error = CASE seq {cases} END, errors = CASE seq {cases} END "
+                    f"last_error = CASE seq {cases} END, errors = CASE seq {json_cases} END "
                     f"WHERE {where} AND state = 'waiting'",
                     [
                         *(v for s in seqs for v in (s, reason[s][0])),

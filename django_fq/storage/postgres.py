@@ -360,6 +360,7 @@ class PostgresStore(Store):
     skip_locked_sql = " FOR UPDATE SKIP LOCKED"
     update_lock_sql = " FOR NO KEY UPDATE"  # enqueues' FOR KEY SHARE passes
     json_object_sql = "jsonb_build_object"
+    json_param_sql = "%s::jsonb"
     clock_sql = NOW_SQL
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

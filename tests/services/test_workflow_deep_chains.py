@@ -222,7 +222,10 @@ def outcome(ids: dict[str, str], queues: tuple[str, ...]) -> dict:
             error = error.replace(other, f"<{step}>")
         jobs[name] = (job.state, error, len(job.errors or []), job.waiting_on)
     pending = sorted(
-        (names[j], names[u]) for j, u in Dependency.objects.filter(pending=True, job__uid__in=list(ids.values())).values_list("job__uid", "upstream__uid")
+        (names[j], names[u])
+        for j, u in Dependency.objects.filter(pending=True, job__uid__in=list(ids.values())).values_list(
+            "job__uid", "upstream__uid"
+        )
     )
     stats = [(fq.stats(q).counts, fq.stats(q).totals) for q in queues]
     return {"jobs": jobs, "pending": pending, "stats": stats}
