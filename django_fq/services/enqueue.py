@@ -468,7 +468,10 @@ def _write_batch(
     with_deps = {i: deps for i in new if (deps := items[i].depends_on)}
     wanted = [(f"items[{i}]." if batch else "", deps) for i, deps in with_deps.items()]
     skip = fresh.uids if fresh is not None else frozenset()
-    found = dependencies.check(conn, wanted, skip=skip) if wanted else {}
+    if not wanted:
+        found = {}
+    else:  # (skip only when there is some: the plain enqueue's call stays what it was)
+        found = dependencies.check(conn, wanted, skip=skip) if skip else dependencies.check(conn, wanted)
     # Dependents of jobs this write inserts (a workflow's): their edges wait for attach_fresh.
     later = {i for i, deps in with_deps.items() if any(e.id in skip for e in deps)} if skip else set()
     # A job that will wait for dependencies (or be cancelled by one) is inserted held: outside the
