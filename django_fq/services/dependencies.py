@@ -320,8 +320,13 @@ def finished(conn, seqs: Sequence[int], outcome: str) -> None:
     """
     from .. import batches
 
-    store = storage.for_connection(conn)
     batches.settle(conn, seqs, outcome)
+    _cascade(conn, seqs, outcome)
+
+
+def _cascade(conn, seqs: Sequence[int], outcome: str) -> None:
+    """:func:`finished` after the batch counts: settle the pending edges out of ``seqs``, level by level."""
+    store = storage.for_connection(conn)
     now = db.now_sql(conn)
     frontier: list[tuple[list[int], str]] = [(list(seqs), outcome)]
     while frontier:
@@ -372,7 +377,8 @@ def cancel_component(conn, nodes: Mapping[int, dict], unfinished: Sequence[int])
         return
     store = storage.for_connection(conn)
     now = db.now_sql(conn)
-    edges = store.pending_edges(conn, unfinished)
+    # Read plainly to plan: locked only after the jobs (below), in the order an ack locks them.
+    edges = store.pending_edges(conn, unfinished, lock=False)
     out: dict[int, list[tuple[int, str]]] = {}
     left: dict[int, int] = {}
     for _, job, upstream, policy in edges:
@@ -410,6 +416,10 @@ def cancel_component(conn, nodes: Mapping[int, dict], unfinished: Sequence[int])
             rows.append((seq, message, json.dumps(history_entry(at, 0, "cancel", message), separators=(",", ":"))))
         cascaded = store.cancel_waiting_each(conn, now=now, rows=rows)
         gone += [{**r, "state": "waiting", "concurrency_key": None} for r in cascaded]
+        # Released (or otherwise changed) since the plan was read: cancelled directly instead.
+        missed = sorted(set(by) - {r["seq"] for r in cascaded})
+        if missed:
+            gone += store.cancel_unfinished(conn, now=now, seqs=missed, keep=HISTORY_KEEP, dead=True)
     if not gone:
         return
     per_queue: dict[int, list[dict]] = {}
@@ -429,7 +439,13 @@ def cancel_component(conn, nodes: Mapping[int, dict], unfinished: Sequence[int])
     if flagged:
         batches.settle(conn, flagged, "cancelled")
     cancelled = {r["seq"] for r in gone}
-    store.close_edges(conn, [edge_id for edge_id, _, upstream, _ in edges if upstream in cancelled])
+    locked = store.pending_edges(conn, sorted(cancelled))
+    store.close_edges(conn, [edge_id for edge_id, job, _, _ in locked if job in cancelled])
+    # A dependent that joined after the plan was read (its enqueue committed before these locks):
+    # its edges follow the rule of a cancelled dependency, as after any cancel.
+    joined = sorted({upstream for _, job, upstream, _ in locked if job not in cancelled})
+    if joined:
+        _cascade(conn, joined, "cancelled")
 
 
 def _release(conn, released: list[dict]) -> None:

@@ -150,15 +150,18 @@ class DependencySql:
                     where, params = self.in_sql("seq", part)
                     cur.execute(f"UPDATE {_JOB} SET state = 'waiting', waiting_on = %s WHERE {where}", [n, *params])
 
-    def pending_edges(self, conn: Any, upstream_seqs: Sequence[int]) -> list[tuple[int, int, int, str]]:
+    def pending_edges(
+        self, conn: Any, upstream_seqs: Sequence[int], *, lock: bool = True
+    ) -> list[tuple[int, int, int, str]]:
         """The pending edges out of jobs ``upstream_seqs``, locked, as ``(edge id, job seq, upstream seq, on_failure)``.
 
         Through the ``(upstream, job)`` index: cost proportional to the direct
         dependents, never a scan of a workflow. One round trip per 500 jobs.
+        ``lock=False``: a plain read (a plan, checked again under the locks).
         """
         sql = (
             f"SELECT id, job_id, upstream_id, on_failure FROM {DEPENDENCY_TABLE} "
-            f"WHERE {{where}} AND pending ORDER BY id{self.update_lock_sql}"
+            f"WHERE {{where}} AND pending ORDER BY id{self.update_lock_sql if lock else ''}"
         )
         with conn.cursor() as cur:
             rows = self._select_in(cur, sql, "upstream_id", sorted(set(upstream_seqs)))

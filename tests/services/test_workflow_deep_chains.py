@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from django_fq import batches, workflows
+from django_fq import batches, storage, workflows
 from django_fq import services as fq
 from django_fq.exceptions import InvalidArgument, InvalidState, ReceiptCancelled
 from django_fq.models import Dependency, Job
@@ -253,3 +253,22 @@ def test_a_set_cancel_leaves_what_a_cancel_job_by_job_leaves(db):
         fq.ack(left[0], extra_l["running"].receipt)
     check_key_counts("tests:lk")
     assert fq.claim("tests:lk") == [] and fq.claim(left[0]) == [] and fq.claim(left[1]) == []
+
+
+def test_a_dependent_that_joins_while_the_cancel_plans_is_cancelled_too(q, monkeypatch):
+    ids = chain(10, (q, OTHER)).enqueue()
+    store_type = type(storage.for_connection(connection))
+    real = store_type.cancel_unfinished
+    late: list[str] = []
+
+    def join_then_cancel(self, conn, **kwargs):
+        if not late:  # after the plan was read, before the jobs are locked: a new dependent commits
+            late.append(fq.enqueue(q, "late", depends_on=[ids["step5"]]).id)
+        return real(self, conn, **kwargs)
+
+    monkeypatch.setattr(store_type, "cancel_unfinished", join_then_cancel)
+    out = workflows.cancel(q, ids["step0"])
+    assert out.cancelled == 10
+    assert fq.get(q, late[0]).state == "cancelled"
+    assert fq.get(q, late[0]).last_error == f"cancelled: dependency {ids['step5']} is cancelled"
+    assert not Dependency.objects.filter(pending=True, upstream__uid__in=list(ids.values())).exists()
