@@ -8,7 +8,7 @@ Shapes, 1,000 steps each, all in one queue:
 * ``fan-out``: one root and 999 steps after it;
 * ``fan-out-in``: one root, 998 steps after it, one step after all of them;
 * ``chain-of-groups``: 10 groups of 100 steps, every step of a group after the
-  first step of the group before (900 edges, 10 levels: 10 ``enqueue_many`` calls);
+  first step of the group before (900 edges, 10 levels: one call, docs/performance.md#deep-workflow-chains);
 * ``plain``: ``enqueue_many`` of 1,000 jobs without dependencies, for scale.
 
 Each round enqueues into a fresh queue of a database of its own
