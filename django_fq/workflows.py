@@ -4,8 +4,10 @@ A :class:`Workflow` collects steps (a queue, a payload and the options of
 ``enqueue``) and the edges between them (``after=[…]``, :meth:`Workflow.chain`,
 :meth:`Workflow.group`, :meth:`Workflow.callback`); :meth:`Workflow.enqueue`
 checks the whole graph (names, unknown steps, cycles, limits) before it writes
-anything, then enqueues it level by level with ``enqueue_many``, inside the
-caller's transaction when there is one. Each step is a job with
+anything, then enqueues it with one ``enqueue_many``-like call per queue
+(whatever the depth: the steps' ids are chosen first, so a step and its
+dependents go in the same calls), inside the caller's transaction when
+there is one. Each step is a job with
 ``depends_on``: from then on the rules are those of dependencies
 (docs/reference/semantics.md §9 "Dependencies"), and the jobs are seen,
 retried and cancelled as any others.
@@ -508,6 +510,7 @@ def _after_enqueue(written: list[tuple[str, list]]) -> None:
     """The enqueue hook (the test helpers' inline mode) for each call of a round, once its edges are written."""
     import importlib
 
+    # By name: ``django_fq.services.enqueue`` as an attribute is the function, not the module.
     hook = importlib.import_module("django_fq.services.enqueue").after_enqueue
     if hook is not None:
         for queue, results in written:
