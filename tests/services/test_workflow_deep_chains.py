@@ -272,3 +272,23 @@ def test_a_dependent_that_joins_while_the_cancel_plans_is_cancelled_too(q, monke
     assert fq.get(q, late[0]).state == "cancelled"
     assert fq.get(q, late[0]).last_error == f"cancelled: dependency {ids['step5']} is cancelled"
     assert not Dependency.objects.filter(pending=True, upstream__uid__in=list(ids.values())).exists()
+
+
+def test_steps_after_a_step_of_the_same_write_keep_their_priority_delay_and_key(q):
+    fq.configure(OTHER, key_concurrency=1)
+    wf = Workflow()
+    a = wf.step(q, "a", name="a")
+    wf.step(OTHER, "k1", name="k1", after=[a], concurrency_key="K", priority=5)
+    wf.step(OTHER, "k2", name="k2", after=[a], concurrency_key="K", priority=9)
+    wf.step(OTHER, "late", name="late", after=[a], delay_ms=3_600_000)
+    ids = wf.enqueue()
+    assert states(ids) == {"a": "queued", "k1": "waiting", "k2": "waiting", "late": "waiting"}
+    check_key_counts(OTHER)  # a waiting job takes no slot of its key
+    fq.ack(q, claim_one(q).receipt)
+    check_key_counts(OTHER)
+    assert fq.get(OTHER, ids["late"]).state == "scheduled"
+    got = fq.claim(OTHER, count=5)
+    assert [j.id for j in got] == [ids["k2"]]  # the higher priority first, one at a time for its key
+    fq.ack(OTHER, got[0].receipt)
+    assert [j.id for j in fq.claim(OTHER, count=5)] == [ids["k1"]]
+    check_key_counts(OTHER)
