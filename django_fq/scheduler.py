@@ -522,6 +522,12 @@ def run_due(now_ms: int | None = None) -> int:
     are skipped with a read, and the token makes concurrent enqueues of one
     tick produce one job. An entry whose enqueue fails with a django-fq error
     (queue full, …) is logged and the others go on; database errors propagate.
+
+    With ``FQ_QUEUE_DATABASES``, each entry is ticked on its queue's database by
+    that database's clock; inside :func:`django_fq.routing.using` ``(alias)`` only the
+    entries whose queue is on ``alias`` are ticked, and no other database is read. A
+    worker's reaper thread of one alias calls it so: a database that is down delays
+    only its own entries' ticks.
     """
     schedule = entries()
     if schedule and routing.enabled():

@@ -21,7 +21,7 @@ from django.db import connection
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The number of tests in tests/multi_dbs/ (a guard against a child that quietly collects nothing).
-EXPECTED = 25
+EXPECTED = 30
 _DB_OF_VENDOR = {"postgresql": "postgres", "mysql": "mariadb", "sqlite": "sqlite"}
 
 

@@ -30,6 +30,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Collection
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
@@ -170,8 +171,8 @@ class Tally:
             self._due_at = min(left) + MINUTE_MS + GRACE_MS - self._offset_ms if left else math.inf
         return taken
 
-    def flush(self, *, only_over: bool = False, aliases: set[str] | None = None) -> int:
-        """Write the pending minutes (only those over, with ``only_over``; of ``aliases``, all: None); the rows written.
+    def flush(self, *, only_over: bool = False, aliases: set[str] | None = None, exclude: Collection[str] = ()) -> int:
+        """Write the pending minutes (only those over, with ``only_over``; of ``aliases``, all: None, but not of ``exclude``); the rows written.
 
         An alias whose connection in this thread is inside a transaction is
         left for later (the rows would join, and share the fate of, that
@@ -180,7 +181,11 @@ class Tally:
         """
         with self._lock:  # other threads add keys meanwhile
             pending = {k[0] for k in self._pending}
-        free = {a for a in pending if (aliases is None or a in aliases) and not connections[a].in_atomic_block}
+        free = {
+            a
+            for a in pending
+            if (aliases is None or a in aliases) and a not in exclude and not connections[a].in_atomic_block
+        }
         if not free:
             return 0
         taken = self.take(only_over=only_over, aliases=free)
@@ -302,9 +307,17 @@ def flush() -> int:
     return TALLY.flush()
 
 
-def flush_due() -> int:
-    """Write the minutes this process tallied that are over (the worker's reaper calls it each pass)."""
-    return TALLY.flush(only_over=True)
+def flush_due(aliases: Collection[str] | None = None, *, exclude: Collection[str] = ()) -> int:
+    """Write the minutes this process tallied that are over; the rows written (the worker's reaper calls it each pass).
+
+    ``aliases``: the database aliases whose minutes to write (``None``: every alias),
+    less those in ``exclude``. A worker whose queues are on several aliases has one
+    reaper thread per alias: each writes its own alias's (``aliases={alias}``), and
+    the first also those of every alias no served queue is on (``exclude=`` the other
+    served aliases), so a database that does not answer delays no other's writes.
+    A write that fails is logged, not raised (see :meth:`Tally.flush`).
+    """
+    return TALLY.flush(only_over=True, aliases=None if aliases is None else set(aliases), exclude=exclude)
 
 
 def prune_history(*, limit: int) -> int:

@@ -13,7 +13,7 @@ part               what it does                                                 
 ``completer``      acks plain successes in batches                               :mod:`.completer`
 ``settler``        acks/nacks one run, releases at shutdown, retries             :mod:`.settle`
 ``heartbeat``      extends leases, marks lost ones                               :mod:`.heartbeat`
-``reaping``        reaper rounds: expiry, pruning, periodic jobs (or ``None``)   :mod:`.reaper`
+``reaping``        reaper thread(s) (or ``None``): expiry, pruning, schedule     :mod:`.reaper`
 ``presence``       the worker's registry rows: start, heartbeat, shutdown        :mod:`.presence`
 ``events``         the subscribers (metrics, tracing, yours)                     :mod:`.events`
 =================  ============================================================  ===========================
@@ -244,7 +244,7 @@ class Worker:
         self.events = Events()
         subscribe_all(self.events, subscribers)
         #: The database aliases of the served queues (``FQ_QUEUE_DATABASES``), ``FQ_DATABASE`` first when it holds some;
-        #: one claim loop, listener, completer and reaper pass per alias. ``[]`` without the setting (the current alias then).
+        #: one claim loop, listener, completer and reaper thread per alias. ``[]`` without the setting (the current alias then).
         groups = routing.group_by_alias(wanted) if routing.enabled() else {}
         self.aliases: list[str] = list(groups)
         # One alias: the one claim loop on the main thread, as without the setting.
@@ -382,7 +382,7 @@ class Worker:
     def _threads(self) -> list[threading.Thread]:
         """Every thread this worker started (runners, completer, heartbeat, reaper, the claim loops of several aliases)."""
         completers = self.completer.threads if isinstance(self.completer, Completers) else [self.completer.thread]
-        parts = [*completers, self.heartbeat.thread, self.reaping.thread if self.reaping else None]
+        parts = [*completers, self.heartbeat.thread, *(self.reaping.threads if self.reaping else [])]
         lanes = self.batch_runner.threads if self.batch_runner is not None else []
         loops = self.loops.threads if self.loops is not None else []
         return self.pool.threads + lanes + loops + [t for t in parts if t is not None]
@@ -430,7 +430,8 @@ class Worker:
         self.completer.stop()
         self.heartbeat.poke()
         completers = self.completer.threads if isinstance(self.completer, Completers) else [self.completer.thread]
-        for thread in (*completers, self.heartbeat.thread, self.reaping.thread if self.reaping else None):
+        reapers = self.reaping.threads if self.reaping else []  # one, or one per alias of the served queues
+        for thread in (*completers, self.heartbeat.thread, *reapers):
             if thread is not None:
                 thread.join(timeout=10)
         for one, loop in self._subscribed:

@@ -1,4 +1,4 @@
-"""One ``fq_worker`` process, one claim loop per database alias: a database down, each alias's wakeup and poll.
+"""One ``fq_worker`` process, one claim loop and reaper thread per database alias: a database down or hung, each alias's wakeup and poll.
 
 Run with ``tests.settings_multi_dbs`` (see ``tests/test_queues_over_databases.py``). Each test
 starts a real worker process on the parent's three databases and waits for what it says
@@ -15,7 +15,12 @@ import threading
 import pytest
 from django.db import connections, transaction
 
+from django_fq import db as fq_db
+from django_fq import routing, scheduler
 from django_fq import services as fq
+from django_fq.models import QueueMinute
+from django_fq.services import history
+from django_fq.worker import Worker
 from tests.chaos.netns import Forwarder
 from tests.multi_dbs.test_multi_dbs import ALIASES, job_rows
 from tests.worker.helpers import WorkerProc, wait_until
@@ -55,28 +60,79 @@ def in_thread(fn):
     return out[0]
 
 
+class _Silent:
+    """A TCP port on loopback that accepts connections and never answers (a server that hangs)."""
+
+    def __init__(self, port: int):
+        self.server = socket.create_server(("127.0.0.1", port))
+        self._held: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name="gate-silent", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return  # closed
+            with self._lock:
+                self._held.append(client)
+
+    def close(self) -> None:
+        """Stop accepting and cut the held connections (their clients then read an end of stream)."""
+        try:
+            self.server.shutdown(socket.SHUT_RDWR)  # wakes its accept(), which holds the port
+        except OSError:
+            pass
+        self.server.close()
+        with self._lock:
+            held, self._held = self._held, []
+        for client in held:
+            try:
+                client.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            client.close()
+
+
 class Gate:
-    """A TCP port on loopback in front of a database server, forwarding while open (tests/chaos's forwarder)."""
+    """A TCP port on loopback in front of a database server, forwarding while open (tests/chaos's forwarder).
+
+    :meth:`shut` makes the server look gone (connections cut, new ones refused); :meth:`hang`
+    makes it look hung (connections cut, new ones accepted and never answered); :meth:`open`
+    forwards again, on the same port.
+    """
 
     def __init__(self, host: str, port: int):
         self.upstream = (host, port)
         self._forwarder: Forwarder | None = Forwarder(("127.0.0.1", 0), self.upstream)
+        self._silent: _Silent | None = None
         self.port = self._forwarder.address[1]
 
-    def open(self) -> None:
-        """Forward again, on the same port (once the old listening socket is gone)."""
+    def _bind(self, make) -> None:
+        """``make()`` a listener on this gate's port, once the old listening socket let go of it."""
 
         def bound() -> bool:
             try:
-                self._forwarder = Forwarder(("127.0.0.1", self.port), self.upstream)
+                make()
             except OSError:
                 return False  # EADDRINUSE until the old accept thread let go of the port
             return True
 
         wait_until(bound, timeout=30, what=f"port {self.port} free again")
 
+    def open(self) -> None:
+        """Forward again, on the same port (a hang's held connections are cut first)."""
+        self._unhang()
+
+        def forward() -> None:
+            self._forwarder = Forwarder(("127.0.0.1", self.port), self.upstream)
+
+        self._bind(forward)
+
     def shut(self) -> None:
         """Cut every forwarded connection and refuse new ones (the server is gone, as far as a client can tell)."""
+        self._unhang()
         if self._forwarder is not None:
             try:
                 self._forwarder.server.shutdown(socket.SHUT_RDWR)  # wakes its accept(), which holds the port
@@ -84,6 +140,20 @@ class Gate:
                 pass
             self._forwarder.close()
             self._forwarder = None
+
+    def hang(self) -> None:
+        """Cut every forwarded connection, then accept new ones and never answer (a server that hangs)."""
+        self.shut()
+
+        def silent() -> None:
+            self._silent = _Silent(self.port)
+
+        self._bind(silent)
+
+    def _unhang(self) -> None:
+        if self._silent is not None:
+            self._silent.close()
+            self._silent = None
 
 
 def test_a_database_that_is_down_stops_only_its_own_loop_which_reconnects_by_itself():
@@ -202,3 +272,175 @@ def test_each_claim_loop_adapts_its_own_poll_interval():
     finally:
         if proc.alive():
             proc.kill()
+
+
+# --- the reaper: one thread per database alias ---------------------------------------------------
+
+
+def _abandoned_lease(queue: str, visibility_ms: int) -> str:
+    """Enqueue one job into ``queue`` and claim it under a lease of ``visibility_ms`` that nobody settles; its id."""
+    uid = fq.enqueue(queue, {"n": 0}, max_attempts=3).id
+    claimed = fq.claim(queue, visibility_ms=visibility_ms, worker="test-abandons")
+    assert [job.id for job in claimed] == [uid]
+    return uid
+
+
+def _past_deadline(alias: str, uid: str) -> bool:
+    """Whether job ``uid``'s lease on ``alias`` is there and past its deadline (that database's clock)."""
+    conn = connections[alias]
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT COUNT(*) FROM django_fq_lease l JOIN django_fq_job j ON j.seq = l.job_id "
+            f"WHERE j.uid = %s AND l.deadline <= {fq_db.now_sql(conn)}",
+            [uid],
+        )
+        return cur.fetchone()[0] == 1
+
+
+def test_a_database_that_is_down_or_hung_stops_only_its_own_reaper_thread():
+    second = connections["second"].settings_dict
+    on_sqlite = connections["second"].vendor == "sqlite"
+    if on_sqlite:
+        # The test's open transaction holds the file's write lock: each round of second's
+        # reaper thread waits its busy timeout (1 s), then fails "database is locked".
+        gate, env = None, child_env(FQ_CHILD_SECOND_TIMEOUT="1")
+    else:
+        # A server that hangs: its connections cut, new ones accepted and never answered, so
+        # second's reaper thread blocks in its reconnect (one thread for every alias would too).
+        gate = Gate(second["HOST"] or "127.0.0.1", int(second["PORT"]))
+        env = child_env(FQ_CHILD_SECOND_PORT=str(gate.port))
+    proc = WorkerProc(
+        "--queue", "t.ok", "--queue", "t2.ok", "--queue", "lite:ok", "--reaper-interval", "100", env=env,
+    )  # fmt: skip
+    outage, held = transaction.atomic(using="second"), False
+    try:
+        proc.wait_for(r"worker\.start ", timeout=120)
+        warm = fq.enqueue("t2.ok", {"n": -1}).id  # the worker's connections to "second" are made
+        wait_until(lambda: states("second", [warm]) == ["succeeded"], timeout=120, what="second reached")
+        # Second's reaper thread is at work before the outage: it reaps a lease nobody settles.
+        first = _abandoned_lease("t2.reap0", 200)
+        wait_until(lambda: states("second", [first]) == ["queued"], timeout=60, what="second's reaper thread reaping")
+        line = proc.wait_for(r"reaper\.pass expired=1 .*database=second", timeout=10)
+        first_pass = proc.lines.index(line)
+        # A lease on second that ends during the outage: only second's reaper thread may handle it.
+        stranded = _abandoned_lease("t2.reap", 1000)
+        if on_sqlite:
+            outage.__enter__()
+            held = True
+            proc.wait_for(r"worker\.db_error .*step=reap .*database=second", timeout=120)
+        else:
+            # From here on every statement of the worker on "second" fails or blocks; its reaper
+            # thread's reconnect (db.retrying's) blocks in the connect, without a log line.
+            gate.hang()
+        # The other databases' reaper threads go on: each round's abandoned leases (a fresh
+        # queue per round: a reaped job is ready again, and its queue's next claim would take
+        # it) are handled. (From another thread: this one's transaction on "second" would refuse them.)
+        for n in range(1, 4):
+            uids = in_thread(
+                lambda n=n: {
+                    a: _abandoned_lease(q, 300) for a, q in (("default", f"t.reap{n}"), ("lite", f"lite:reap{n}"))
+                }
+            )
+            for alias, uid in uids.items():
+                wait_until(
+                    lambda a=alias, u=uid: states(a, [u]) == ["queued"], timeout=60, what=f"{alias}'s lease {n} reaped"
+                )
+        # Second's lease is past its deadline and still held: nothing reaped it meanwhile.
+        wait_until(lambda: _past_deadline("second", stranded), timeout=60, what="second's lease past its deadline")
+        assert states("second", [stranded]) == ["running"]
+        # The database comes back: its reaper thread reconnects by itself and handles the lease.
+        if on_sqlite:
+            held = False
+            outage.__exit__(None, None, None)
+        else:
+            gate.open()
+        wait_until(lambda: states("second", [stranded]) == ["queued"], timeout=120, what="second's lease reaped")
+        proc.wait_for(r"reaper\.pass expired=1 .*database=second", start=first_pass + 1, timeout=10)
+        if on_sqlite:
+            proc.wait_for(r"worker\.reconnected .*step=reap .*database=second", timeout=120)
+        failures = [line for line in proc.lines if "worker.db_error" in line and "step=reap" in line]
+        assert all("database=second" in line for line in failures), failures
+        for alias in ("default", "lite"):
+            assert proc.count(rf"reaper\.pass expired=1 .*database={alias}") >= 3, proc.stderr
+        proc.signal()
+        assert proc.wait(timeout=120) == 0, proc.stderr
+    finally:
+        if held:
+            outage.__exit__(None, None, None)
+        if proc.alive():
+            proc.kill()
+        if gate is not None:
+            gate.shut()
+
+
+def _ok(job):
+    return None
+
+
+@pytest.mark.parametrize(
+    ("queues", "names"),
+    [(["t.ok", "t2.ok"], ["fq-reaper-default", "fq-reaper-second"]), (["t.ok"], ["fq-reaper"])],
+    ids=["two-aliases", "one-alias"],
+)
+def test_the_reaper_runs_one_thread_per_alias_of_the_served_queues_all_joined_at_shutdown(queues, names):
+    worker = Worker(queues, handlers=dict.fromkeys(queues, _ok), reaper_interval_ms=50, poll_interval_ms=50)
+    reaping = worker.reaping
+    assert reaping is not None and reaping.thread is None  # none before the run
+    out: dict = {}
+    runner = threading.Thread(target=lambda: out.setdefault("stats", worker.run()))
+    runner.start()
+    try:
+        wait_until(
+            lambda: len(reaping.threads) == len(names) and all(t.is_alive() for t in reaping.threads),
+            timeout=60,
+            what="the reaper threads started",
+        )
+        assert [t.name for t in reaping.threads] == names
+        assert reaping.thread is reaping.threads[0]
+        assert set(names) <= {t.name for t in threading.enumerate()}
+    finally:
+        worker.request_stop("test over")
+        runner.join(60)
+    assert "stats" in out, "the worker's run did not return"
+    assert not [t.name for t in reaping.threads if t.is_alive()]  # the shutdown joined every one
+
+
+def _jobs_in(alias: str, queue: str) -> int:
+    with connections[alias].cursor() as cur:
+        cur.execute(
+            "SELECT COUNT(*) FROM django_fq_job j JOIN django_fq_queue q ON q.id = j.queue_id WHERE q.name = %s",
+            [queue],
+        )
+        return cur.fetchone()[0]
+
+
+def test_run_due_of_one_alias_ticks_only_the_entries_whose_queue_is_there(settings):
+    settings.FQ_SCHEDULE = {
+        "on-default": {"overlap": "allow", "cron": "* * * * *", "queue": "t.cron", "timezone": "UTC"},
+        "on-second": {"overlap": "allow", "cron": "* * * * *", "queue": "t2.cron", "timezone": "UTC"},
+    }
+    with routing.using("second"):  # as second's reaper thread calls it
+        assert scheduler.run_due() == 1
+    assert (_jobs_in("second", "t2.cron"), _jobs_in("default", "t.cron")) == (1, 0)
+    with routing.using("default"):
+        assert scheduler.run_due() == 1
+    assert (_jobs_in("second", "t2.cron"), _jobs_in("default", "t.cron")) == (1, 1)
+
+
+def test_flush_due_writes_the_minutes_of_the_aliases_asked_for_and_not_of_the_excluded(monkeypatch):
+    queues = {"default": "t.hist", "second": "t2.hist", "lite": "lite:hist"}
+    history.TALLY.discard()  # earlier tests' minutes
+    for queue in queues.values():
+        fq.enqueue(queue, {})  # tallied in this minute, not written yet
+    monkeypatch.setattr(history, "GRACE_MS", -2 * history.MINUTE_MS)  # this minute counts as over
+
+    def written() -> dict[str, int]:
+        return {alias: QueueMinute.objects.using(alias).count() for alias in queues}
+
+    assert written() == {"default": 0, "second": 0, "lite": 0}
+    assert history.flush_due(aliases={"second"}) == 1  # second's reaper thread
+    assert written() == {"default": 0, "second": 1, "lite": 0}
+    assert history.flush_due(exclude={"lite"}) == 1  # the first thread, lite being served by another
+    assert written() == {"default": 1, "second": 1, "lite": 0}
+    assert history.flush_due() == 1  # one thread for every alias
+    assert written() == {"default": 1, "second": 1, "lite": 1}
