@@ -294,7 +294,8 @@ class Workflow:
         by_round: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
         for name in order:
             by_round[rounds[name]][self._steps[name][0]].append(name)
-        by_uid = {uid: rank[n] for n, uid in ids.items()}
+        # Every step's planned id: a step that may coalesce is, when it creates its job, a dependent of this write too.
+        by_uid = {uid: rank[n] for n, uid in planned.items()}
         with transaction.atomic(using=conf.database()):
             for r in sorted(by_round):
                 fresh = dependencies.Fresh(ids[n] for names in by_round[r].values() for n in names if n in ids)

@@ -1,0 +1,326 @@
+"""Attacks on the one-call-per-queue workflow write and the set cancel (docs/how-to/workflows.md).
+
+Each scenario runs twice, on its own queues: once with ``Workflow._write`` and
+``workflows.cancel`` as they are, once with the level-by-level write and the
+job-by-job cancel they replaced (one ``enqueue_many`` per level and queue;
+``cancel`` of each unfinished step in dependency order). The jobs' states,
+reasons, edges and the queues' counters must come out the same.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+
+import pytest
+from django.db import transaction
+
+from django_fq import batches, conf, db, workflows
+from django_fq import services as fq
+from django_fq.exceptions import FqError
+from django_fq.models import Dependency, Job
+from django_fq.workflows import Workflow
+
+from .helpers import check_key_counts, claim_one
+
+pytestmark = pytest.mark.django_db
+
+
+def _old_write(self, levels, create_queues=True):
+    """The level-by-level write of main (one ``enqueue_many`` per level and queue)."""
+    from django_fq.services import enqueue_many
+
+    ids: dict[str, str] = {}
+    with transaction.atomic(using=conf.database()):
+        for level in levels:
+            by_queue: dict[str, list[str]] = defaultdict(list)
+            for name in level:
+                by_queue[self._steps[name][0]].append(name)
+            for queue, names in by_queue.items():
+                items = [self._envelope(n, ids) for n in names]
+                create = create_queues if isinstance(create_queues, bool) else queue in create_queues
+                try:
+                    results = enqueue_many(queue, items, create_queue=create)
+                except FqError as exc:
+                    workflows._name_the_step(exc, names)
+                    raise
+                ids.update((n, r.id) for n, r in zip(names, results, strict=True))
+    return ids
+
+
+def _old_cancel(queue, job_id):
+    """The job-by-job cancel of main."""
+
+    def apply():
+        info = workflows.show(queue, job_id)
+        unfinished = [s for s in info.steps if s["state"] not in ("succeeded", "cancelled")]
+        for step in unfinished:
+            try:
+                fq.cancel(step["queue"], step["id"])
+            except FqError as exc:
+                if exc.code != "invalid_state":
+                    raise
+        return workflows.CancelledWorkflow(
+            id=job_id, cancelled=len(unfinished), finished=len(info.steps) - len(unfinished)
+        )
+
+    return db.retrying(apply)
+
+
+def _snapshot(prefix: str, names: dict[str, str]) -> dict:
+    """States, reasons, edges and counters of the queues under ``prefix``, ids replaced by names."""
+    by_uid = {uid: name for name, uid in names.items()}
+
+    def clean(text):
+        return re.sub(r"[0-9a-f]{32}", lambda m: by_uid.get(m.group(0), "?"), text or "")
+
+    jobs = {}
+    for j in Job.objects.filter(queue__name__startswith=prefix).select_related("queue"):
+        jobs[by_uid.get(j.uid, "?" + str(json.loads(j.payload)))] = (
+            j.queue.name[len(prefix) :],
+            j.state,
+            j.waiting_on,
+            clean(j.last_error),
+            j.priority,
+            j.concurrency_key,
+            [(e.get("kind"), clean(e.get("error"))) for e in (j.errors or [])],
+        )
+    edges = sorted(
+        (by_uid.get(d.job.uid, "?"), by_uid.get(d.upstream.uid, "?"), d.on_failure, d.pending, d.name)
+        for d in Dependency.objects.filter(job__queue__name__startswith=prefix).select_related("job", "upstream")
+    )
+    stats = {}
+    for qn in sorted({j[0] for j in jobs.values()}):
+        s = fq.stats(prefix + qn)
+        stats[qn] = (dict(s.counts), dict(s.totals))
+    from django_fq.models import Batch
+
+    made = Batch.objects.filter(queue__name__startswith=prefix)
+    counts = sorted((b.state, b.total, b.succeeded, b.dead, b.cancelled, b.callback_job is not None) for b in made)
+    return {"jobs": jobs, "edges": edges, "stats": stats, "batches": counts}
+
+
+def differential(monkeypatch, scenario, *, cancel_step: str | None = None, after=None):
+    """Run ``scenario(prefix) -> (workflow or None, names of jobs made before)`` new and old; compare."""
+    out = {}
+    for mode in ("new", "old"):
+        prefix = f"t{mode}:"
+        with monkeypatch.context() as m:
+            if mode == "old":
+                m.setattr(Workflow, "_write", _old_write)
+            wf, names = scenario(prefix)
+            ids = dict(names)
+            error = None
+            try:
+                ids.update(wf.enqueue())
+            except FqError as exc:
+                # The counts in a queue_full message are of the call that failed (one per level before).
+                error = (exc.code, exc.field, re.sub(r"t(new|old):|\d+ of", "", exc.message))
+            got = {"error": error, "after_enqueue": _snapshot(prefix, ids)}
+            if after is not None:
+                after(prefix, ids)
+                got["after"] = _snapshot(prefix, ids)
+            if cancel_step is not None and error is None:
+                step_queue = wf._steps[cancel_step][0]
+                fn = _old_cancel if mode == "old" else workflows.cancel
+                res = fn(step_queue, ids[cancel_step])
+                got["cancel"] = (res.cancelled, res.finished)
+                got["after_cancel"] = _snapshot(prefix, ids)
+            out[mode] = got
+    for key in out["old"]:
+        if out["new"][key] != out["old"][key]:
+            import pprint
+
+            pprint.pprint({"new": out["new"][key], "old": out["old"][key]}, width=150)
+        assert out["new"][key] == out["old"][key], key
+    return out["new"]
+
+
+# --- the write: new against old ------------------------------------------------------------------
+
+
+def _dead(queue: str, **options) -> str:
+    fq.configure(queue, max_attempts=1)
+    job = fq.enqueue(queue, "old", **options)
+    got = claim_one(queue)
+    assert got.id == job.id
+    fq.nack(queue, got.receipt, error="boom")
+    return job.id
+
+
+def _existing(queue: str, state: str, **options) -> str:
+    """A job of ``queue`` in ``state`` (queued, running, succeeded, dead, cancelled, waiting)."""
+    fq.configure(queue)
+    if state == "dead":
+        return _dead(queue, **options)
+    if state == "waiting":
+        up = fq.enqueue(queue, "up", delay_ms=3_600_000)
+        return fq.enqueue(queue, "old", depends_on=[up.id], **options).id
+    job = fq.enqueue(queue, "old", **options)
+    if state in ("running", "succeeded"):
+        got = claim_one(queue)
+        if state == "succeeded":
+            fq.ack(queue, got.receipt, result=1)
+    elif state == "cancelled":
+        fq.cancel(queue, job.id)
+    return job.id
+
+
+@pytest.mark.parametrize("how", ["unique_key", "idempotency"])
+def test_a_middle_step_that_creates_its_job_is_written_as_before(db, monkeypatch, how):
+    def scenario(p):
+        fq.configure(p + "a")
+        fq.configure(p + "b")
+        wf = Workflow()
+        a = wf.step(p + "a", "a", name="a")
+        m = wf.step(p + "b", "m", name="m", after=[a], **{how: "K"})
+        wf.step(p + "a", "c", name="c", after=[m])
+        return wf, {}
+
+    got = differential(monkeypatch, scenario, cancel_step="a")
+    assert got["error"] is None
+    assert got["after_enqueue"]["jobs"]["m"][1] == "waiting"
+
+
+@pytest.mark.parametrize("state", ["queued", "running", "succeeded", "dead", "cancelled", "waiting"])
+@pytest.mark.parametrize("how", ["unique_key", "idempotency"])
+@pytest.mark.parametrize("policy", ["cancel", "run", "wait"])
+def test_a_middle_step_coalescing_onto_a_job_in_each_state(db, monkeypatch, state, how, policy):
+    def scenario(p):
+        fq.configure(p + "b")
+        old = _existing(p + "a", state, **{how: "K"})
+        wf = Workflow()
+        a = wf.step(p + "b", "a", name="a")
+        m = wf.step(p + "a", "m", name="m", after=[a], **{how: "K"})
+        c = wf.step(p + "b", "c", name="c", after=[m], on_failure=policy)
+        wf.step(p + "a", "d", name="d", after=[c, a], on_failure=policy)
+        return wf, {"old": old}
+
+    differential(monkeypatch, scenario, cancel_step="d")
+
+
+@pytest.mark.parametrize("state", ["running", "succeeded", "dead", "cancelled", "waiting", "queued"])
+@pytest.mark.parametrize("policy", ["cancel", "run", "wait"])
+def test_depends_on_an_existing_job_of_another_queue(db, monkeypatch, state, policy):
+    def scenario(p):
+        fq.configure(p + "b")
+        old = _existing(p + "x", state)
+        wf = Workflow()
+        a = wf.step(p + "a", "a", name="a", after=[old], on_failure=policy)
+        b = wf.step(p + "b", "b", name="b", after=[a], on_failure=policy)
+        wf.step(p + "a", "c", name="c", after=[b, old], on_failure=policy)
+        wf.step(p + "b", "d", name="d", after=[a, b], on_failure="run")
+        return wf, {"old": old}
+
+    differential(monkeypatch, scenario, cancel_step="a")
+
+
+def test_the_same_unique_key_on_two_steps(db, monkeypatch):
+    def scenario(p):
+        wf = Workflow()
+        a = wf.step(p + "a", "a", name="a", unique_key="U")
+        b = wf.step(p + "a", "b", name="b", unique_key="U")
+        c = wf.step(p + "b", "c", name="c", after=[a])
+        d = wf.step(p + "a", "d", name="d", after=[c], unique_key="U")
+        wf.step(p + "b", "e", name="e", after=[b, d])
+        return wf, {}
+
+    differential(monkeypatch, scenario, cancel_step="e")
+
+
+def test_the_same_idempotency_token_on_a_step_and_its_dependent(db, monkeypatch):
+    def scenario(p):
+        wf = Workflow()
+        a = wf.step(p + "a", "a", name="a")
+        b = wf.step(p + "a", "b", name="b", after=[a], idempotency="T")
+        c = wf.step(p + "a", "c", name="c", after=[b], idempotency="T")
+        wf.step(p + "b", "d", name="d", after=[c])
+        return wf, {}
+
+    differential(monkeypatch, scenario, cancel_step="a")
+
+
+def test_key_concurrency_across_a_chain(db, monkeypatch):
+    def scenario(p):
+        fq.configure(p + "a", key_concurrency=1)
+        fq.configure(p + "b", key_concurrency=1)
+        fq.enqueue(p + "a", "busy", concurrency_key="k")
+        wf = Workflow()
+        a = wf.step(p + "a", "a", name="a", concurrency_key="k")
+        b = wf.step(p + "b", "b", name="b", concurrency_key="k")
+        c = wf.step(p + "a", "c", name="c", after=[b], concurrency_key="k")
+        wf.step(p + "b", "d", name="d", after=[a, c], concurrency_key="k", on_failure="run")
+        wf.step(p + "a", "e", name="e", concurrency_key="k", after=["0" * 32] if False else [])
+        return wf, {}
+
+    def after(p, ids):
+        for qn in ("a", "b"):
+            check_key_counts(p + qn)
+            got = fq.claim(p + qn)
+            for j in got:
+                fq.ack(p + qn, j.receipt)
+            check_key_counts(p + qn)
+
+    differential(monkeypatch, scenario, cancel_step="c", after=after)
+
+
+def test_a_paused_queue_and_priorities_and_delays(db, monkeypatch):
+    def scenario(p):
+        fq.configure(p + "a")
+        fq.pause(p + "a")
+        wf = Workflow()
+        a = wf.step(p + "b", "a", name="a", priority=5)
+        b = wf.step(p + "a", "b", name="b", after=[a], priority=-3, delay_ms=60_000)
+        wf.step(p + "b", "c", name="c", after=[b], priority=9, max_attempts=2)
+        wf.step(p + "a", "d", name="d", priority=2)
+        return wf, {}
+
+    def after(p, ids):
+        got = claim_one(p + "b")
+        fq.ack(p + "b", got.receipt)
+
+    differential(monkeypatch, scenario, cancel_step="c", after=after)
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_a_full_queue_writes_nothing_and_names_the_step(db, monkeypatch, settings, where):
+    settings.FQ_MAX_JOBS_PER_QUEUE = 3
+
+    def scenario(p):
+        fq.enqueue(p + "a", "x")
+        fq.enqueue(p + "a", "y")
+        wf = Workflow()
+        s0 = wf.step(p + "b", 0, name="s0")
+        s1 = wf.step(p + ("a" if where == "first" else "b"), 1, name="s1", after=[s0])
+        s2 = wf.step(p + "a", 2, name="s2", after=[s1])
+        s3 = wf.step(p + ("a" if where != "last" else "b"), 3, name="s3", after=[s2])
+        wf.step(p + "a", 4, name="s4", after=[s3])
+        return wf, {}
+
+    got = differential(monkeypatch, scenario)
+    assert got["error"][:2] == ("queue_full", "queue")  # docs/reference/errors.md: field queue
+    assert set(got["after_enqueue"]["jobs"]) == {"?x", "?y"}
+
+
+def test_a_batch_across_a_workflow(db, monkeypatch):
+    def scenario(p):
+        b = batches.create(p + "a", callback={"queue": p + "cb", "payload": "done"})
+        wf = Workflow()
+        a = wf.step(p + "a", "a", name="a", batch=b.id)
+        c = wf.step(p + "b", "c", name="c", after=[a])
+        d = wf.step(p + "a", "d", name="d", after=[c], batch=b.id)
+        wf.step(p + "a", "e", name="e", after=[d], batch=b.id, on_failure="run")
+        return wf, {}
+
+    def after(p, ids):
+        batches.seal(batches_of(p)[0])
+
+    got = differential(monkeypatch, scenario, cancel_step="a", after=after)
+    assert got["after_cancel"]["jobs"]["?done"][1] == "queued"  # the callback fired once
+
+
+def batches_of(prefix):
+    from django_fq.models import Batch
+
+    return list(Batch.objects.filter(queue__name__startswith=prefix).values_list("uid", flat=True))
