@@ -665,8 +665,9 @@ def cancel(
         ordered, _ = _in_order(nodes, edges)
         unfinished = [seq for seq in ordered if nodes[seq]["state"] not in _FINISHED]
         check({nodes[seq]["queue"] for seq in unfinished})
-        dependencies.cancel_component(db.connection(), nodes, unfinished)
-        return CancelledWorkflow(id=job_id, cancelled=len(unfinished), finished=len(nodes) - len(unfinished))
+        # Counted from the rows it changed: a step a worker acked after the plan's plain read finished.
+        gone = dependencies.cancel_component(db.connection(), nodes, unfinished)
+        return CancelledWorkflow(id=job_id, cancelled=len(gone), finished=len(nodes) - len(gone))
 
     return db.retrying(apply)
 

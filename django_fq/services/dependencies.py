@@ -355,7 +355,7 @@ def _cascade(conn, seqs: Sequence[int], outcome: str) -> None:
                 frontier.append((onward, "cancelled"))
 
 
-def cancel_component(conn, nodes: Mapping[int, dict], unfinished: Sequence[int]) -> None:
+def cancel_component(conn, nodes: Mapping[int, dict], unfinished: Sequence[int]) -> set[int]:
     """Cancel jobs ``unfinished`` (seqs in dependency order, every dependent of each among ``nodes``) as a set.
 
     ``nodes``: what :func:`component` returns (``{seq: {"uid", "queue",
@@ -369,12 +369,14 @@ def cancel_component(conn, nodes: Mapping[int, dict], unfinished: Sequence[int])
     from the pending edges (read locked), then written in a bounded number
     of statements per 500 jobs: counters per queue, key slots given back,
     batch counts (a dead member's moved to cancelled), edges closed.
+    Returns the seqs of the jobs of ``unfinished`` it cancelled: fewer when
+    some finished (an ack) between the plan's read and the locks.
     """
     from .. import batches
     from ._base import HISTORY_KEEP
 
     if not unfinished:
-        return
+        return set()
     store = storage.for_connection(conn)
     now = db.now_sql(conn)
     # Read plainly to plan: locked only after the jobs (below), in the order an ack locks them.
@@ -421,7 +423,7 @@ def cancel_component(conn, nodes: Mapping[int, dict], unfinished: Sequence[int])
         if missed:
             gone += store.cancel_unfinished(conn, now=now, seqs=missed, keep=HISTORY_KEEP, dead=True)
     if not gone:
-        return
+        return set()
     per_queue: dict[int, list[dict]] = {}
     for r in gone:
         per_queue.setdefault(r["queue_id"], []).append(r)
@@ -446,6 +448,7 @@ def cancel_component(conn, nodes: Mapping[int, dict], unfinished: Sequence[int])
     joined = sorted({upstream for _, job, upstream, _ in locked if job not in cancelled})
     if joined:
         _cascade(conn, joined, "cancelled")
+    return cancelled & set(unfinished)
 
 
 def _release(conn, released: list[dict]) -> None:

@@ -324,3 +324,105 @@ def batches_of(prefix):
     from django_fq.models import Batch
 
     return list(Batch.objects.filter(queue__name__startswith=prefix).values_list("uid", flat=True))
+
+
+# --- cancel against a worker, with real threads ----------------------------------------------------
+
+
+def _check_counters(queue: str) -> None:
+    """The queue's counters agree with its rows: active jobs, cancelled jobs."""
+    from django.db.models import Sum
+
+    from django_fq.models import ACTIVE, QueueCounter
+
+    from django_fq.models import Queue
+
+    qid = Queue.objects.get(name=queue).id
+    sums = QueueCounter.objects.filter(queue_id=qid).aggregate(a=Sum("active"), c=Sum("cancelled"))
+    jobs = Job.objects.filter(queue_id=qid)
+    assert (sums["a"] or 0) == jobs.filter(state__in=ACTIVE).count(), queue
+    assert (sums["c"] or 0) == jobs.filter(state="cancelled").count(), queue
+
+
+class _Worker:
+    """Claims and acks jobs of ``queues`` on a thread of its own until stopped."""
+
+    def __init__(self, queues):
+        import threading
+
+        self.queues = queues
+        self.stop = threading.Event()
+        self.acked: list[str] = []
+        self.refused: list[str] = []
+        self.errors: list[BaseException] = []
+        self.some = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self):
+        from django.db import connection
+
+        from django_fq.exceptions import ReceiptCancelled
+
+        try:
+            while not self.stop.is_set():
+                for queue in self.queues:
+                    for job in fq.claim(queue, count=2):
+                        try:
+                            fq.ack(queue, job.receipt)
+                            self.acked.append(job.id)
+                        except ReceiptCancelled:
+                            self.refused.append(job.id)
+                        if len(self.acked) >= 3:
+                            self.some.set()
+        except BaseException as exc:  # reported by the test
+            self.errors.append(exc)
+            self.some.set()
+        finally:
+            connection.close()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("round_", range(4))
+def test_a_cancel_while_a_worker_acks_the_steps(round_):
+    qa, qb, cb = "tatk:a", "tatk:b", "tatk:cb"
+    fq.configure(qa)
+    fq.configure(qb, key_concurrency=1)
+    b = batches.create(qa, callback={"queue": cb, "payload": "done"})
+    wf = Workflow()
+    heads = [wf.step(qa, i, name=f"h{i}", batch=b.id) for i in range(4)]
+    prev = wf.group(*heads)
+    names = [s.name for s in heads]
+    for i in range(12):
+        queue = (qa, qb)[i % 2]
+        options = {"batch": b.id} if queue == qa else {"concurrency_key": "K"}
+        policy = ("cancel", "run", "wait")[i % 3]
+        step = wf.step(queue, i, name=f"s{i}", after=[prev], on_failure=policy, **options)
+        names.append(step.name)
+        prev = wf.group(step, wf.step(qb, i, name=f"k{i}", after=[prev], concurrency_key="K"))
+        names.append(f"k{i}")
+    ids = wf.enqueue()
+    batches.seal(b.id)
+    with _Worker((qa, qb)) as worker:
+        assert worker.some.wait(30)
+        out = workflows.cancel(qa, ids["h0"])
+    assert not worker.errors, worker.errors
+    got = dict(Job.objects.filter(uid__in=list(ids.values())).values_list("uid", "state"))
+    assert set(got.values()) <= {"succeeded", "cancelled"}, got
+    assert out.cancelled + out.finished == len(ids)
+    cancelled = sum(1 for s in got.values() if s == "cancelled")
+    assert out.cancelled == cancelled, (out, cancelled)
+    for queue in (qa, qb):
+        _check_counters(queue)
+        check_key_counts(queue)
+    info = batches.get(b.id)
+    assert info.total == info.succeeded + info.cancelled + info.dead
+    assert Job.objects.filter(queue__name=cb).count() == 1  # the callback, once
