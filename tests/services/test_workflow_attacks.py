@@ -426,3 +426,168 @@ def test_a_cancel_while_a_worker_acks_the_steps(round_):
     info = batches.get(b.id)
     assert info.total == info.succeeded + info.cancelled + info.dead
     assert Job.objects.filter(queue__name=cb).count() == 1  # the callback, once
+
+
+@pytest.mark.parametrize("policy", ["cancel", "run", "wait"])
+def test_steps_released_or_cancelled_at_enqueue_keep_key_delay_priority_and_batch(db, monkeypatch, policy):
+    def scenario(p):
+        fq.configure(p + "b", key_concurrency=1)
+        dead = _dead(p + "x")
+        fq.enqueue(p + "b", "busy", concurrency_key="K")
+        bt = batches.create(p + "b", callback={"queue": p + "cb", "payload": "done"})
+        wf = Workflow()
+        a = wf.step(p + "a", "a", name="a", after=[dead], on_failure=policy)
+        b = wf.step(p + "b", "b", name="b", after=[a], on_failure="run", concurrency_key="K", batch=bt.id)
+        c = wf.step(p + "b", "c", name="c", after=[a], on_failure="run", delay_ms=3_600_000, priority=7)
+        d = wf.step(p + "b", "d", name="d", after=[a], on_failure=policy, batch=bt.id, concurrency_key="K")
+        wf.step(p + "a", "e", name="e", after=[b, c, d], on_failure=policy)
+        return wf, {"dead": dead}
+
+    def after(p, ids):
+        batches.seal(batches_of(p)[0])
+        for queue in (p + "a", p + "b"):
+            check_key_counts(queue)
+            _check_counters(queue)
+
+    differential(monkeypatch, scenario, cancel_step="e", after=after)
+
+
+def test_a_step_in_a_queue_written_before_the_queue_of_its_dependency(db, monkeypatch):
+    """In one round, queue ``a`` is written before queue ``b``: a step of ``a`` after a step of ``b``."""
+
+    def scenario(p):
+        fq.configure(p + "a", key_concurrency=1)
+        wf = Workflow()
+        first = wf.step(p + "a", "first", name="first")
+        mid = wf.step(p + "b", "mid", name="mid", after=[first])
+        wf.step(p + "a", "last", name="last", after=[mid], concurrency_key="K")
+        wf.step(p + "a", "free", name="free", concurrency_key="K")
+        return wf, {}
+
+    def after(p, ids):
+        fq.ack(p + "a", claim_one(p + "a").receipt)  # first, or free
+        fq.ack(p + "a", claim_one(p + "a").receipt)
+        fq.ack(p + "b", claim_one(p + "b").receipt)
+        check_key_counts(p + "a")
+
+    differential(monkeypatch, scenario, cancel_step="first", after=after)
+
+
+# --- errors: all or nothing ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["priority", "missing", "queue", "batch"])
+@pytest.mark.parametrize("inside", [False, True])
+def test_an_error_after_a_barrier_writes_nothing_and_names_the_step(db, bad, inside):
+    qa, qb = "tatk:ea", "tatk:eb"
+    fq.configure(qa)
+    before = Job.objects.count()
+    wf = Workflow()
+    a = wf.step(qa, "a", name="a")
+    m = wf.step(qb, "m", name="m", after=[a], unique_key="U")
+    c = wf.step(qa, "c", name="c", after=[m])
+    options = {
+        "priority": {"priority": "high"},
+        "missing": {},
+        "queue": {},
+        "batch": {"batch": "0" * 32},
+    }[bad]
+    after = [c, "f" * 32] if bad == "missing" else [c]
+    wf.step("tatk:nope" if bad == "queue" else qb, "z", name="z", after=after, **options)
+    create = {qa, qb} if bad == "queue" else True
+
+    def run():
+        with pytest.raises(FqError) as err:
+            wf.enqueue(create_queues=create)
+        return err.value
+
+    if inside:
+        with transaction.atomic():
+            mine = fq.enqueue(qa, "mine")
+            exc = run()
+            assert Job.objects.filter(uid=mine.id).exists()  # the caller's own write is still there
+        assert Job.objects.count() == before + 1
+    else:
+        exc = run()
+        assert Job.objects.count() == before
+    assert exc.field.startswith("steps[z]"), (exc.field, exc.message)
+    assert "'z'" in exc.message
+    assert not Dependency.objects.exists()
+
+
+def test_an_error_in_the_callers_transaction_propagates_and_rolls_back(db):
+    qa = "tatk:ra"
+    with pytest.raises(RuntimeError), transaction.atomic():
+        wf = Workflow()
+        a = wf.step(qa, "a", name="a")
+        m = wf.step(qa, "m", name="m", after=[a], idempotency="T")
+        wf.step(qa, "c", name="c", after=[m])
+        ids = wf.enqueue()
+        assert Job.objects.filter(uid__in=list(ids.values())).count() == 3
+        raise RuntimeError("the caller's own failure")
+    assert not Job.objects.exists() and not Dependency.objects.exists()
+    # The token went with the rollback: the same workflow writes again.
+    wf = Workflow()
+    a = wf.step(qa, "a", name="a")
+    m = wf.step(qa, "m", name="m", after=[a], idempotency="T")
+    ids = wf.enqueue()
+    assert fq.get(qa, ids["m"]).state == "waiting"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("policy", ["cancel", "run", "wait"])
+def test_a_cancel_racing_enqueues_that_depend_on_its_steps(policy):
+    import threading
+
+    from django.db import connection
+
+    qa, qb = "tatk:ca", "tatk:cb"
+    fq.configure(qa)
+    fq.configure(qb)
+    wf = Workflow()
+    prev = wf.step(qa, 0, name="s0")
+    for i in range(1, 16):
+        prev = wf.step((qa, qb)[i % 2], i, name=f"s{i}", after=[prev])
+    ids = wf.enqueue()
+    stop, some = threading.Event(), threading.Event()
+    late: list[str] = []
+    errors: list[BaseException] = []
+
+    def enqueue_late():
+        try:
+            i = 0
+            while not stop.is_set():
+                up = ids[f"s{i % 16}"]
+                late.append(fq.enqueue(qb, "late", depends_on=[{"id": up, "on_failure": policy}]).id)
+                i += 1
+                if i >= 3:
+                    some.set()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+            some.set()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=enqueue_late)
+    thread.start()
+    try:
+        assert some.wait(30)
+        out = workflows.cancel(qb, ids["s7"])
+        n = len(late)
+        while len(late) < n + 3 and not errors:  # some more after the cancel committed
+            some.clear()
+            some.wait(5)
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not errors, errors
+    # The late jobs that joined before the cancel read the workflow are steps of it too.
+    assert 16 <= out.cancelled and out.cancelled + out.finished <= 16 + len(late)
+    states = dict(Job.objects.filter(uid__in=late).values_list("uid", "state"))
+    # A run edge: released when it joined after the cancel read the workflow, else cancelled with it.
+    want = {"cancel": {"cancelled"}, "wait": {"cancelled"}, "run": {"queued", "cancelled"}}[policy]
+    assert set(states.values()) <= want, states
+    # No job is left waiting on a finished dependency.
+    assert not Dependency.objects.filter(pending=True, upstream__state__in=("cancelled", "succeeded")).exists()
+    for queue in (qa, qb):
+        _check_counters(queue)
