@@ -591,3 +591,42 @@ def test_a_cancel_racing_enqueues_that_depend_on_its_steps(policy):
     assert not Dependency.objects.filter(pending=True, upstream__state__in=("cancelled", "succeeded")).exists()
     for queue in (qa, qb):
         _check_counters(queue)
+
+
+def test_a_step_acked_between_the_plan_and_the_locks_is_not_named_as_the_cancelling_dependency(db, monkeypatch):
+    """The plan (a plain read) saw r and s running; r's ack commits before the cancel locks the jobs.
+
+    w still waits on s, whose cancel cancels it: its reason names s (as the job-by-job cancel
+    would: r's cancel fails with invalid_state, s's cascades), not r, which succeeded.
+    """
+    from django.db import connection
+
+    from django_fq import storage
+
+    q = "tatk:p"
+    fq.configure(q)
+    wf = Workflow()
+    r = wf.step(q, "r", name="r")
+    s = wf.step(q, "s", name="s")
+    wf.step(q, "w", name="w", after=[r, s])
+    ids = wf.enqueue()
+    running = {job.id: job for job in fq.claim(q, count=2)}
+    assert set(running) == {ids["r"], ids["s"]}
+    store_type = type(storage.for_connection(connection))
+    real = store_type.cancel_unfinished
+    acked: list[str] = []
+
+    def ack_then_cancel(self, conn, **kwargs):
+        if not acked:  # the worker's ack of r commits after the plan was read
+            fq.ack(q, running[ids["r"]].receipt)
+            acked.append(ids["r"])
+        return real(self, conn, **kwargs)
+
+    monkeypatch.setattr(store_type, "cancel_unfinished", ack_then_cancel)
+    out = workflows.cancel(q, ids["w"])
+    assert fq.get(q, ids["r"]).state == "succeeded"
+    assert fq.get(q, ids["s"]).state == "cancelled"
+    w = fq.get(q, ids["w"])
+    assert w.state == "cancelled"
+    assert w.last_error == f"cancelled: dependency {ids['s']} is cancelled"
+    assert (out.cancelled, out.finished) == (2, 1)
