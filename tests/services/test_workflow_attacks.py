@@ -630,3 +630,27 @@ def test_a_step_acked_between_the_plan_and_the_locks_is_not_named_as_the_cancell
     assert w.state == "cancelled"
     assert w.last_error == f"cancelled: dependency {ids['s']} is cancelled"
     assert (out.cancelled, out.finished) == (2, 1)
+
+
+@pytest.mark.parametrize("running", [False, True])
+def test_a_cancelled_step_gives_its_key_slot_to_the_next_held_job(db, running):
+    from django_fq.exceptions import ReceiptCancelled
+
+    q = "tatk:k"
+    fq.configure(q, key_concurrency=1)
+    wf = Workflow()
+    a = wf.step(q, "a", name="a", concurrency_key="K")
+    wf.step(q, "b", name="b", after=[a], concurrency_key="K")
+    ids = wf.enqueue()
+    lease = claim_one(q) if running else None
+    outside = fq.enqueue(q, "outside", concurrency_key="K")
+    assert Job.objects.get(uid=outside.id).state == "held"  # the key's one slot is a's
+    out = workflows.cancel(q, ids["b"])
+    assert (out.cancelled, out.finished) == (2, 0)
+    check_key_counts(q)
+    _check_counters(q)
+    got = claim_one(q)
+    assert got.id == outside.id
+    if lease is not None:
+        with pytest.raises(ReceiptCancelled):
+            fq.ack(q, lease.receipt)
