@@ -344,6 +344,15 @@ def _check_counters(queue: str) -> None:
     assert (sums["c"] or 0) == jobs.filter(state="cancelled").count(), queue
 
 
+def _check_reasons(uids: list[str]) -> None:
+    """A job cancelled by a dependency names one that did end that way."""
+    every = dict(Job.objects.values_list("uid", "state"))
+    for uid, error in Job.objects.filter(uid__in=uids, state="cancelled").values_list("uid", "last_error"):
+        found = re.fullmatch(r"cancelled: dependency ([0-9a-f]{32}) is (\w+)", error or "")
+        if found:
+            assert every[found.group(1)] == found.group(2), (uid, error, every[found.group(1)])
+
+
 class _Worker:
     """Claims and acks jobs of ``queues`` on a thread of its own until stopped."""
 
@@ -391,7 +400,7 @@ class _Worker:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("round_", range(4))
+@pytest.mark.parametrize("round_", range(8))
 def test_a_cancel_while_a_worker_acks_the_steps(round_):
     qa, qb, cb = "tatk:a", "tatk:b", "tatk:cb"
     fq.configure(qa)
@@ -420,6 +429,7 @@ def test_a_cancel_while_a_worker_acks_the_steps(round_):
     assert out.cancelled + out.finished == len(ids)
     cancelled = sum(1 for s in got.values() if s == "cancelled")
     assert out.cancelled == cancelled, (out, cancelled)
+    _check_reasons(list(ids.values()))
     for queue in (qa, qb):
         _check_counters(queue)
         check_key_counts(queue)
@@ -535,8 +545,9 @@ def test_an_error_in_the_callers_transaction_propagates_and_rolls_back(db):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["enqueue", "workflow"])
 @pytest.mark.parametrize("policy", ["cancel", "run", "wait"])
-def test_a_cancel_racing_enqueues_that_depend_on_its_steps(policy):
+def test_a_cancel_racing_enqueues_that_depend_on_its_steps(policy, how):
     import threading
 
     from django.db import connection
@@ -558,7 +569,14 @@ def test_a_cancel_racing_enqueues_that_depend_on_its_steps(policy):
             i = 0
             while not stop.is_set():
                 up = ids[f"s{i % 16}"]
-                late.append(fq.enqueue(qb, "late", depends_on=[{"id": up, "on_failure": policy}]).id)
+                if how == "enqueue":
+                    late.append(fq.enqueue(qb, "late", depends_on=[{"id": up, "on_failure": policy}]).id)
+                else:  # a workflow of its own after the step: a plain step, a barrier, a plain one after it
+                    other = Workflow()
+                    x = other.step(qb, "late", name="x", after=[up], on_failure=policy)
+                    y = other.step(qa, "late", name="y", after=[x], on_failure=policy, unique_key=f"u{i}")
+                    other.step(qb, "late", name="z", after=[y, up], on_failure=policy)
+                    late.extend(other.enqueue().values())
                 i += 1
                 if i >= 3:
                     some.set()
@@ -585,8 +603,13 @@ def test_a_cancel_racing_enqueues_that_depend_on_its_steps(policy):
     assert 16 <= out.cancelled and out.cancelled + out.finished <= 16 + len(late)
     states = dict(Job.objects.filter(uid__in=late).values_list("uid", "state"))
     # A run edge: released when it joined after the cancel read the workflow, else cancelled with it.
-    want = {"cancel": {"cancelled"}, "wait": {"cancelled"}, "run": {"queued", "cancelled"}}[policy]
+    want = {"cancel": {"cancelled"}, "wait": {"cancelled"}, "run": {"queued", "waiting", "cancelled"}}[policy]
     assert set(states.values()) <= want, states
+    if policy == "run":  # a late workflow's later steps wait for its released first step, nothing else
+        for job in Job.objects.filter(uid__in=late, state="waiting"):
+            ups = Dependency.objects.filter(job=job, pending=True).select_related("upstream")
+            assert {d.upstream.state for d in ups} <= {"queued", "waiting"}, job.uid
+    _check_reasons(late)
     # No job is left waiting on a finished dependency.
     assert not Dependency.objects.filter(pending=True, upstream__state__in=("cancelled", "succeeded")).exists()
     for queue in (qa, qb):
