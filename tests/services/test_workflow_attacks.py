@@ -15,11 +15,12 @@ from collections import defaultdict
 
 import pytest
 from django.db import transaction
+from django.db.models import Sum
 
 from django_fq import batches, conf, db, workflows
 from django_fq import services as fq
 from django_fq.exceptions import FqError
-from django_fq.models import Dependency, Job
+from django_fq.models import ACTIVE, Batch, Dependency, Job, Queue, QueueCounter
 from django_fq.workflows import Workflow
 
 from .helpers import check_key_counts, claim_one
@@ -94,8 +95,6 @@ def _snapshot(prefix: str, names: dict[str, str]) -> dict:
     for qn in sorted({j[0] for j in jobs.values()}):
         s = fq.stats(prefix + qn)
         stats[qn] = (dict(s.counts), dict(s.totals))
-    from django_fq.models import Batch
-
     made = Batch.objects.filter(queue__name__startswith=prefix)
     counts = sorted((b.state, b.total, b.succeeded, b.dead, b.cancelled, b.callback_job is not None) for b in made)
     return {"jobs": jobs, "edges": edges, "stats": stats, "batches": counts}
@@ -251,7 +250,7 @@ def test_key_concurrency_across_a_chain(db, monkeypatch):
         b = wf.step(p + "b", "b", name="b", concurrency_key="k")
         c = wf.step(p + "a", "c", name="c", after=[b], concurrency_key="k")
         wf.step(p + "b", "d", name="d", after=[a, c], concurrency_key="k", on_failure="run")
-        wf.step(p + "a", "e", name="e", concurrency_key="k", after=["0" * 32] if False else [])
+        wf.step(p + "a", "e", name="e", concurrency_key="k")
         return wf, {}
 
     def after(p, ids):
@@ -321,8 +320,6 @@ def test_a_batch_across_a_workflow(db, monkeypatch):
 
 
 def batches_of(prefix):
-    from django_fq.models import Batch
-
     return list(Batch.objects.filter(queue__name__startswith=prefix).values_list("uid", flat=True))
 
 
@@ -331,12 +328,6 @@ def batches_of(prefix):
 
 def _check_counters(queue: str) -> None:
     """The queue's counters agree with its rows: active jobs, cancelled jobs."""
-    from django.db.models import Sum
-
-    from django_fq.models import ACTIVE, QueueCounter
-
-    from django_fq.models import Queue
-
     qid = Queue.objects.get(name=queue).id
     sums = QueueCounter.objects.filter(queue_id=qid).aggregate(a=Sum("active"), c=Sum("cancelled"))
     jobs = Job.objects.filter(queue_id=qid)
@@ -600,7 +591,7 @@ def test_a_cancel_racing_enqueues_that_depend_on_its_steps(policy, how):
         thread.join(60)
     assert not errors, errors
     # The late jobs that joined before the cancel read the workflow are steps of it too.
-    assert 16 <= out.cancelled and out.cancelled + out.finished <= 16 + len(late)
+    assert out.cancelled >= 16 and out.cancelled + out.finished <= 16 + len(late)
     states = dict(Job.objects.filter(uid__in=late).values_list("uid", "state"))
     # A run edge: released when it joined after the cancel read the workflow, else cancelled with it.
     want = {"cancel": {"cancelled"}, "wait": {"cancelled"}, "run": {"queued", "waiting", "cancelled"}}[policy]
