@@ -668,3 +668,20 @@ def test_a_cancelled_step_gives_its_key_slot_to_the_next_held_job(db, running):
     if lease is not None:
         with pytest.raises(ReceiptCancelled):
             fq.ack(q, lease.receipt)
+
+
+@pytest.mark.parametrize("policy", ["cancel", "run", "wait"])
+def test_a_step_after_one_that_a_later_queue_call_cancels_at_once(db, monkeypatch, policy):
+    """Queue ``a`` is written first; its step ``x`` is after ``y`` of queue ``b``, which a dead job cancels."""
+
+    def scenario(p):
+        fq.configure(p + "a")
+        dead = _dead(p + "x")
+        wf = Workflow()
+        first = wf.step(p + "a", "first", name="first")
+        y = wf.step(p + "b", "y", name="y", after=[dead, first], on_failure=policy)
+        x = wf.step(p + "a", "x", name="x", after=[y], on_failure=policy)
+        wf.step(p + "b", "z", name="z", after=[x, y], on_failure="run")
+        return wf, {"dead": dead}
+
+    differential(monkeypatch, scenario, cancel_step="first")
