@@ -77,8 +77,11 @@ def _snapshot(prefix: str, names: dict[str, str]) -> dict:
         return re.sub(r"[0-9a-f]{32}", lambda m: by_uid.get(m.group(0), "?"), text or "")
 
     jobs = {}
-    for j in Job.objects.filter(queue__name__startswith=prefix).select_related("queue"):
-        jobs[by_uid.get(j.uid, "?" + str(json.loads(j.payload)))] = (
+    for j in Job.objects.filter(queue__name__startswith=prefix).select_related("queue").order_by("seq"):
+        name = by_uid.get(j.uid) or "?" + str(json.loads(j.payload))
+        while name in jobs:  # two unnamed jobs of one payload (a callback fired twice) stay two
+            name += "+"
+        jobs[name] = (
             j.queue.name[len(prefix) :],
             j.state,
             j.waiting_on,
@@ -685,3 +688,29 @@ def test_a_step_after_one_that_a_later_queue_call_cancels_at_once(db, monkeypatc
         return wf, {"dead": dead}
 
     differential(monkeypatch, scenario, cancel_step="first")
+
+
+@pytest.mark.parametrize("policy", ["wait", "run"])
+def test_a_dead_batch_member_of_a_cancelled_workflow(db, monkeypatch, policy):
+    def scenario(p):
+        fq.configure(p + "a", max_attempts=1)
+        bt = batches.create(p + "a", callback={"queue": p + "cb", "payload": "done"})
+        wf = Workflow()
+        a = wf.step(p + "a", "a", name="a", batch=bt.id)
+        b = wf.step(p + "a", "b", name="b", after=[a], on_failure=policy, batch=bt.id)
+        wf.step(p + "b", "c", name="c", after=[b], on_failure=policy)
+        return wf, {}
+
+    def after(p, ids):
+        batches.seal(batches_of(p)[0])
+        got = claim_one(p + "a")
+        assert got.id == ids["a"]
+        fq.nack(p + "a", got.receipt, error="boom")
+
+    got = differential(monkeypatch, scenario, cancel_step="c", after=after)
+    jobs = got["after_cancel"]["jobs"]
+    assert jobs["a"][1] == "cancelled"
+    assert "?done" in jobs and "?done+" not in jobs  # the batch's callback, once
+    assert got["after"]["batches"] == [("sealed", 2, 0, 1, 0, False)]
+    # The dead member now counts as cancelled; the batch finished once.
+    assert got["after_cancel"]["batches"] == [("finished", 2, 0, 0, 2, True)]
