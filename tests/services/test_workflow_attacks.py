@@ -714,3 +714,45 @@ def test_a_dead_batch_member_of_a_cancelled_workflow(db, monkeypatch, policy):
     assert got["after"]["batches"] == [("sealed", 2, 0, 1, 0, False)]
     # The dead member now counts as cancelled; the batch finished once.
     assert got["after_cancel"]["batches"] == [("finished", 2, 0, 0, 2, True)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workflows_over_the_same_queues_in_opposite_orders_both_write():
+    import threading
+
+    from django.db import connection
+
+    qa, qb = "tatk:oa", "tatk:ob"
+    fq.configure(qa)
+    fq.configure(qb)
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+    made: list[dict] = []
+
+    def write(first, second):
+        try:
+            for i in range(10):
+                wf = Workflow()
+                prev = wf.step(first, i, name="s0")
+                for j in range(1, 6):
+                    prev = wf.step((first, second)[j % 2], j, name=f"s{j}", after=[prev])
+                barrier.wait(30)
+                made.append(wf.enqueue())
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+            barrier.abort()
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=write, args=order) for order in ((qa, qb), (qb, qa))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert len(made) == 20
+    for ids in made:
+        got = dict(Job.objects.filter(uid__in=list(ids.values())).values_list("uid", "state"))
+        assert got[ids["s0"]] == "queued" and sorted(got.values()).count("waiting") == 5
+    for queue in (qa, qb):
+        _check_counters(queue)
