@@ -87,6 +87,10 @@ def _snapshot(prefix: str, names: dict[str, str]) -> dict:
             j.waiting_on,
             clean(j.last_error),
             j.priority,
+            j.max_attempts,
+            # A delay kept (or not) through the write, in minutes: a job the old cancel released
+            # first (a run edge) has its release time as run_at, a few ms later.
+            (j.run_at - j.enqueued_at) // 60_000,
             j.concurrency_key,
             [(e.get("kind"), clean(e.get("error"))) for e in (j.errors or [])],
         )
@@ -756,3 +760,20 @@ def test_two_workflows_over_the_same_queues_in_opposite_orders_both_write():
         assert got[ids["s0"]] == "queued" and sorted(got.values()).count("waiting") == 5
     for queue in (qa, qb):
         _check_counters(queue)
+
+
+def test_a_step_after_a_step_and_an_existing_job_is_released_by_both_acks(db):
+    q, other = "tatk:r1", "tatk:r2"
+    fq.configure(q)
+    fq.configure(other)
+    outside = fq.enqueue(other, "outside")
+    wf = Workflow()
+    a = wf.step(q, "a", name="a")
+    wf.step(q, "b", name="b", after=[a, outside.id])
+    ids = wf.enqueue()
+    fq.ack(other, claim_one(other).receipt)
+    assert fq.get(q, ids["b"]).state == "waiting"
+    got = claim_one(q)
+    assert got.id == ids["a"]
+    fq.ack(q, got.receipt)
+    assert claim_one(q).id == ids["b"]
