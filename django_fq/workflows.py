@@ -294,7 +294,8 @@ class Workflow:
         by_round: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
         for name in order:
             by_round[rounds[name]][self._steps[name][0]].append(name)
-        by_uid = {uid: rank[n] for n, uid in ids.items()}
+        # Every step's planned id: a step that may coalesce is, when it creates its job, a dependent of this write too.
+        by_uid = {uid: rank[n] for n, uid in planned.items()}
         with transaction.atomic(using=conf.database()):
             for r in sorted(by_round):
                 fresh = dependencies.Fresh(ids[n] for names in by_round[r].values() for n in names if n in ids)
@@ -664,8 +665,9 @@ def cancel(
         ordered, _ = _in_order(nodes, edges)
         unfinished = [seq for seq in ordered if nodes[seq]["state"] not in _FINISHED]
         check({nodes[seq]["queue"] for seq in unfinished})
-        dependencies.cancel_component(db.connection(), nodes, unfinished)
-        return CancelledWorkflow(id=job_id, cancelled=len(unfinished), finished=len(nodes) - len(unfinished))
+        # Counted from the rows it changed: a step a worker acked after the plan's plain read finished.
+        gone = dependencies.cancel_component(db.connection(), nodes, unfinished)
+        return CancelledWorkflow(id=job_id, cancelled=len(gone), finished=len(nodes) - len(gone))
 
     return db.retrying(apply)
 

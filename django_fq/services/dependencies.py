@@ -355,7 +355,7 @@ def _cascade(conn, seqs: Sequence[int], outcome: str) -> None:
                 frontier.append((onward, "cancelled"))
 
 
-def cancel_component(conn, nodes: Mapping[int, dict], unfinished: Sequence[int]) -> None:
+def cancel_component(conn, nodes: Mapping[int, dict], unfinished: Sequence[int]) -> set[int]:
     """Cancel jobs ``unfinished`` (seqs in dependency order, every dependent of each among ``nodes``) as a set.
 
     ``nodes``: what :func:`component` returns (``{seq: {"uid", "queue",
@@ -369,45 +369,66 @@ def cancel_component(conn, nodes: Mapping[int, dict], unfinished: Sequence[int])
     from the pending edges (read locked), then written in a bounded number
     of statements per 500 jobs: counters per queue, key slots given back,
     batch counts (a dead member's moved to cancelled), edges closed.
+    Returns the seqs of the jobs of ``unfinished`` it cancelled: fewer when
+    some finished (an ack) between the plan's read and the locks.
     """
     from .. import batches
     from ._base import HISTORY_KEEP
 
     if not unfinished:
-        return
+        return set()
     store = storage.for_connection(conn)
     now = db.now_sql(conn)
     # Read plainly to plan: locked only after the jobs (below), in the order an ack locks them.
     edges = store.pending_edges(conn, unfinished, lock=False)
     out: dict[int, list[tuple[int, str]]] = {}
-    left: dict[int, int] = {}
+    pending: dict[int, int] = {}
     for _, job, upstream, policy in edges:
         out.setdefault(upstream, []).append((job, policy))
-        left[job] = left.get(job, 0) + 1
-    waiting = {seq for seq in unfinished if nodes[seq]["state"] == "waiting"}
-    direct: list[int] = []
-    by: dict[int, int] = {}  # seq -> the upstream whose cancel cancels it
-    done: set[int] = set()
-    for seq in unfinished:
-        if seq in done:
-            continue
-        done.add(seq)
-        direct.append(seq)
-        stack = [seq]
-        while stack:  # the cascade of finished(): each pending edge out of a job just cancelled
-            up = stack.pop()
-            for job, policy in out.get(up, ()):
-                if job in done or job not in waiting:
-                    continue
-                if policy == "run":
-                    left[job] -= 1
-                    if left[job] <= 0:
-                        waiting.discard(job)  # released: cancelled directly in its turn
-                    continue
-                done.add(job)
-                by[job] = up
-                stack.append(job)
-    gone = store.cancel_unfinished(conn, now=now, seqs=direct, keep=HISTORY_KEEP, dead=True)
+        pending[job] = pending.get(job, 0) + 1
+
+    def plan(finished: set[int]) -> tuple[list[int], dict[int, int]]:
+        # ``finished``: jobs the plan took for unfinished that the locks found finished (an ack
+        # committed meanwhile): they cancel nothing, as their cancel would have failed.
+        left = dict(pending)
+        waiting = {seq for seq in unfinished if nodes[seq]["state"] == "waiting"}
+        direct: list[int] = []
+        by: dict[int, int] = {}  # seq -> the upstream whose cancel cancels it
+        done: set[int] = set(finished)
+        for seq in unfinished:
+            if seq in done:
+                continue
+            done.add(seq)
+            direct.append(seq)
+            stack = [seq]
+            while stack:  # the cascade of finished(): each pending edge out of a job just cancelled
+                up = stack.pop()
+                for job, policy in out.get(up, ()):
+                    if job in done or job not in waiting:
+                        continue
+                    if policy == "run":
+                        left[job] -= 1
+                        if left[job] <= 0:
+                            waiting.discard(job)  # released: cancelled directly in its turn
+                        continue
+                    done.add(job)
+                    by[job] = up
+                    stack.append(job)
+        return direct, by
+
+    gone: list[dict] = []
+    tried: set[int] = set()
+    finished: set[int] = set()
+    while True:  # again while the locks find planned jobs finished: fewer cascades, other reasons
+        direct, by = plan(finished)
+        todo = [seq for seq in direct if seq not in tried]
+        if not todo:
+            break
+        got = store.cancel_unfinished(conn, now=now, seqs=todo, keep=HISTORY_KEEP, dead=True)
+        gone += got
+        tried.update(todo)
+        finished |= set(todo) - {r["seq"] for r in got}
+    by = {seq: up for seq, up in by.items() if seq not in tried}
     if by:
         at = db.db_now_ms()
         rows = []
@@ -417,11 +438,11 @@ def cancel_component(conn, nodes: Mapping[int, dict], unfinished: Sequence[int])
         cascaded = store.cancel_waiting_each(conn, now=now, rows=rows)
         gone += [{**r, "state": "waiting", "concurrency_key": None} for r in cascaded]
         # Released (or otherwise changed) since the plan was read: cancelled directly instead.
-        missed = sorted(set(by) - {r["seq"] for r in cascaded})
+        missed = sorted(set(by) - {r["seq"] for r in cascaded} - tried)
         if missed:
             gone += store.cancel_unfinished(conn, now=now, seqs=missed, keep=HISTORY_KEEP, dead=True)
     if not gone:
-        return
+        return set()
     per_queue: dict[int, list[dict]] = {}
     for r in gone:
         per_queue.setdefault(r["queue_id"], []).append(r)
@@ -446,6 +467,7 @@ def cancel_component(conn, nodes: Mapping[int, dict], unfinished: Sequence[int])
     joined = sorted({upstream for _, job, upstream, _ in locked if job not in cancelled})
     if joined:
         _cascade(conn, joined, "cancelled")
+    return cancelled & set(unfinished)
 
 
 def _release(conn, released: list[dict]) -> None:
