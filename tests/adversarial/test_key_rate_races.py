@@ -139,3 +139,38 @@ def test_a_configure_racing_the_admission_of_a_held_job_counts_it():
     assert first.error is None and second.error is None, (first.error, second.error)
     assert Job.objects.get(uid=job).state == "queued"
     check_key_counts(Q)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.row_locks
+def test_a_configure_waiting_for_a_claims_jobs_never_blocks_that_claims_lease(request):
+    """A claim holds its job's row lock while a configure of the queue's key limit, holding the queue
+    row, waits for it; the claim then inserts its lease, which must not wait for that queue row
+    (docs/explanation/storage.md "Per-key limits": the lease's queue column has no constraint whose
+    check would lock it). With the constraint the two waited for each other: a deadlock, and one of
+    them failed (this test fails so on MariaDB; on PostgreSQL the deadlock needs a claim statement
+    caught between its job lock and its lease insert, seen in the server log of the racing test above). Here the claim's transaction takes the job's lock first (as the claim statement does
+    before it inserts the lease), the configure starts waiting, then the claim runs: it goes on and
+    commits, and the configure finishes after it."""
+    if connection.vendor == "mysql":
+        # Known, open: without the constraint MariaDB still deadlocks here, on another lock of the
+        # claim (not yet found); configure retries it, and under steady claims can fail.
+        request.applymarker(
+            pytest.mark.xfail(reason="MariaDB: a claim and a key-limit configure still deadlock", strict=True)
+        )
+    fq.configure(Q, key_rate_limit=5, rate_window_ms=60_000)
+    fq.enqueue_many(Q, [{"payload": i, "concurrency_key": f"k{i % 2}"} for i in range(4)])
+    with transaction.atomic():
+        # The job row alone (a join would lock the queue row too), as the claim statement locks it.
+        queue_id = Queue.objects.get(name=Q).id
+        held = Job.objects.select_for_update().filter(queue_id=queue_id, state="queued").order_by("seq").first()
+        assert held is not None
+        configure = Background(lambda: fq.configure(Q, key_rate_limit=4), name="configure").start()
+        wait_for_lock_waiter(1, thread=configure)  # the configure holds the queue row, waits for the job
+        assert configure.thread.is_alive(), configure.error
+        got = fq.claim(Q, count=1, visibility_ms=60_000)
+        assert [j.id for j in got] == [held.uid]
+    configure.join()
+    assert configure.error is None, configure.error
+    assert fq.policy(Q).key_rate_limit == 4
+    assert Job.objects.filter(queue__name=Q, state="running").count() == 1
