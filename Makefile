@@ -17,7 +17,7 @@
 #                    scripts/test-pgbouncer.sh; Django 5.2; ~11 min); skipped with the reason
 #                    without pgbouncer
 #   make test-pgbouncer-ci  its pooler-sensitive part and a 10 s kill storm (what .ci/run
-#                    runs with FQ_CI_PGBOUNCER=1, under FQ_PGBOUNCER_BUDGET)
+#                    runs, under FQ_PGBOUNCER_BUDGET; FQ_CI_PGBOUNCER=0 skips it)
 #   make venvs       create/update .venv, .venv-dj52, .venv-dj6 and .venv-dj60 without running anything
 #   make bench       benchmark suite on PostgreSQL + SQLite (docs/performance.md);
 #                    BENCH_ARGS="--db mariadb" (or "--db all") measures MariaDB/MySQL,
