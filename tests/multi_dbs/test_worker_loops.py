@@ -156,17 +156,23 @@ class Gate:
             self._silent = None
 
 
-def test_a_database_that_is_down_stops_only_its_own_loop_which_reconnects_by_itself():
+def second_outage() -> tuple[bool, Gate | None, dict]:
+    """How a test takes database "second" away from a worker child: ``(on_sqlite, gate, env)``.
+
+    SQLite: the test's open transaction on "second" holds the file's write lock, and the child's
+    busy timeout there is 1 s, so each of its statements on "second" fails "database is locked".
+    A server: the child reaches it through a :class:`Gate` on loopback, which the test shuts (or
+    makes hang).
+    """
+    if connections["second"].vendor == "sqlite":
+        return True, None, child_env(FQ_CHILD_SECOND_TIMEOUT="1")
     second = connections["second"].settings_dict
-    on_sqlite = connections["second"].vendor == "sqlite"
-    if on_sqlite:
-        # SQLite: the test's open transaction holds the file's write lock; each claim of the
-        # worker's "second" loop waits its busy timeout (1 s here), then fails "database is locked".
-        gate, env = None, child_env(FQ_CHILD_SECOND_TIMEOUT="1")
-    else:
-        # A server: the worker reaches it through a gate on loopback that the test shuts.
-        gate = Gate(second["HOST"] or "127.0.0.1", int(second["PORT"]))
-        env = child_env(FQ_CHILD_SECOND_PORT=str(gate.port))
+    gate = Gate(second["HOST"] or "127.0.0.1", int(second["PORT"]))
+    return False, gate, child_env(FQ_CHILD_SECOND_PORT=str(gate.port))
+
+
+def test_a_database_that_is_down_stops_only_its_own_loop_which_reconnects_by_itself():
+    on_sqlite, gate, env = second_outage()
     proc = WorkerProc("--queue", "t.ok", "--queue", "t2.ok", "--queue", "lite:ok", "--concurrency", "4", env=env)
     outage, held = transaction.atomic(using="second"), False
     try:
@@ -298,17 +304,7 @@ def _past_deadline(alias: str, uid: str) -> bool:
 
 
 def test_a_database_that_is_down_or_hung_stops_only_its_own_reaper_thread():
-    second = connections["second"].settings_dict
-    on_sqlite = connections["second"].vendor == "sqlite"
-    if on_sqlite:
-        # The test's open transaction holds the file's write lock: each round of second's
-        # reaper thread waits its busy timeout (1 s), then fails "database is locked".
-        gate, env = None, child_env(FQ_CHILD_SECOND_TIMEOUT="1")
-    else:
-        # A server that hangs: its connections cut, new ones accepted and never answered, so
-        # second's reaper thread blocks in its reconnect (one thread for every alias would too).
-        gate = Gate(second["HOST"] or "127.0.0.1", int(second["PORT"]))
-        env = child_env(FQ_CHILD_SECOND_PORT=str(gate.port))
+    on_sqlite, gate, env = second_outage()  # a server hangs: second's reaper thread blocks in its reconnect
     proc = WorkerProc(
         "--queue", "t.ok", "--queue", "t2.ok", "--queue", "lite:ok", "--reaper-interval", "100", env=env,
     )  # fmt: skip
